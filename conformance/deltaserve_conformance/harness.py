@@ -1,0 +1,149 @@
+"""Recording doubles of the core side of the protocol, and the environment every check receives.
+
+The checks never use DeltaServe's own admission or buffer: they install these recorders, which do exactly
+what a check scripts (inject these samples at that step, abort after that layer) and remember every call,
+so a failure can say precisely which call the host made or missed.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.driver import ClientOutput, ClientRequest
+from deltaserve_core.types import FineTuneSample, ProposedBatch, StepRecord
+
+__all__ = ["Recorder", "ConformanceEnv", "make_prompts", "make_samples"]
+
+
+@dataclass
+class Recorder:
+    """Implements ScheduleInterceptor, ActivationSink and StepSink at once, recording every call.
+
+    ``inject(batch) -> samples`` scripts what to inject (default: nothing); ``abort_after_layer`` makes
+    ``should_abort`` return True from that layer boundary on (counted per step).
+    """
+
+    inject: Callable[[ProposedBatch], Sequence[FineTuneSample]] = lambda batch: ()
+    abort_after_layer: int | None = None
+    batches: list[ProposedBatch] = field(default_factory=list)
+    injected: dict[int, tuple[FineTuneSample, ...]] = field(default_factory=dict)
+    arrivals: list[tuple[str, float]] = field(default_factory=list)
+    begun: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    captures: list[tuple[int, int, int, torch.Tensor]] = field(default_factory=list)
+    abort_polls: list[tuple[int, int]] = field(default_factory=list)
+    ended: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+    record_received_at: list[float] = field(default_factory=list)
+
+    # ScheduleInterceptor
+    def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        self.batches.append(batch)
+        samples = tuple(self.inject(batch))
+        if samples:
+            self.injected[batch.step_id] = samples
+        return samples
+
+    def on_arrival(self, request_id: str, arrival_time: float) -> None:
+        self.arrivals.append((request_id, arrival_time))
+
+    # ActivationSink
+    def begin_step(self, step_id: int, samples: Sequence[FineTuneSample]) -> None:
+        self.begun.append((step_id, tuple(s.sample_id for s in samples)))
+
+    def layer_input(self, step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        self.captures.append((step_id, layer, sample_id, hidden.detach().to("cpu", torch.float32).clone()))
+
+    def should_abort(self, step_id: int) -> bool:
+        polls = sum(1 for s, _ in self.abort_polls if s == step_id)
+        self.abort_polls.append((step_id, polls))
+        return self.abort_after_layer is not None and polls >= self.abort_after_layer
+
+    def end_step(self, step_id: int, completed: Sequence[int], aborted: Sequence[int]) -> None:
+        self.ended.append((step_id, tuple(completed), tuple(aborted)))
+
+    # StepSink
+    def __call__(self, record: StepRecord) -> None:
+        self.records.append(record)
+        self.record_received_at.append(time.monotonic())
+
+    # helpers for checks
+    def batch_for(self, step_id: int) -> ProposedBatch | None:
+        return next((b for b in self.batches if b.step_id == step_id), None)
+
+    def record_for(self, step_id: int) -> StepRecord | None:
+        return next((r for r in self.records if r.step_id == step_id), None)
+
+    def real_records(self) -> list[StepRecord]:
+        return [r for r in self.records if not r.synthetic]
+
+
+@dataclass
+class ConformanceEnv:
+    """What every check gets: the host under test plus the files it was started from."""
+
+    host: object
+    host_name: str
+    model_dir: Path
+    client_adapter: str  # name of a client adapter the host serves
+    client_adapter_dir: Path
+    finetune_state: LoraAdapterState  # weights installed on the reserved adapter
+    vocab_size: int
+    dtype: str = "float32"
+
+    def install(self, recorder: Recorder | None) -> None:
+        """Install ``recorder`` on all three hooks (``None`` removes them)."""
+        self.host.intercept_schedule(recorder)  # type: ignore[attr-defined]
+        self.host.capture_activation(recorder)  # type: ignore[attr-defined]
+        self.host.report_step_time(recorder)  # type: ignore[attr-defined]
+
+    def run(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        return self.host.generate(requests)  # type: ignore[attr-defined]
+
+    def run_stepwise(self, requests: Sequence[ClientRequest], max_steps: int = 10_000) -> list[ClientOutput]:
+        """Submit everything, then drive ``step()`` and return *every* output the host handed out."""
+        for r in requests:
+            self.host.submit(r)  # type: ignore[attr-defined]
+        outputs: list[ClientOutput] = []
+        for _ in range(max_steps):
+            if not self.host.has_unfinished():  # type: ignore[attr-defined]
+                return outputs
+            outputs.extend(self.host.step())  # type: ignore[attr-defined]
+        raise AssertionError(f"host {self.host_name!r} did not finish {len(requests)} requests in {max_steps} steps")
+
+    @property
+    def tolerance(self) -> float:
+        """Capture tolerance: max |diff| allowed per element, relative to the reference's max |value| + 1."""
+        return {"float32": 1e-4, "bfloat16": 3e-2, "float16": 5e-3}[self.dtype]
+
+
+def make_prompts(env: ConformanceEnv, count: int, *, seed: int = 0, max_tokens: int = 6,
+                 adapter_every: int = 2, prefix: str = "client") -> list[ClientRequest]:
+    """Prompts of varied lengths, every ``adapter_every``-th on the client adapter (the rest base-only)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = rng.randint(3, 24)
+        ids = tuple(rng.randrange(3, env.vocab_size) for _ in range(n))
+        adapter = env.client_adapter if adapter_every and i % adapter_every == adapter_every - 1 else None
+        out.append(ClientRequest(f"{prefix}-{seed}-{i}", ids, max_tokens, adapter=adapter))
+    return out
+
+
+def make_samples(env: ConformanceEnv, count: int, *, seed: int = 100, first_id: int = 0,
+                 lengths: Sequence[int] | None = None) -> list[FineTuneSample]:
+    """Fine-tuning samples with a prompt part (no loss) and a response part (loss)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        n = lengths[i] if lengths is not None else rng.randint(4, 20)
+        ids = tuple(rng.randrange(3, env.vocab_size) for _ in range(n))
+        split = max(1, n // 2)
+        out.append(FineTuneSample(first_id + i, ids, (False,) * split + (True,) * (n - split)))
+    return out

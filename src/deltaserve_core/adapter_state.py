@@ -1,0 +1,145 @@
+"""The trainable LoRA adapter as the core hands it to hosts and checkpoints it.
+
+Weights are keyed the way PEFT names them for a transformers causal LM
+(``base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight``), so a state can be saved as a PEFT
+adapter folder and loaded by PEFT, vLLM or SGLang without renaming.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = ["LoraConfigSpec", "LoraAdapterState", "peft_key", "parse_peft_key"]
+
+_KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+def peft_key(layer: int, module: str, ab: str, layers_path: str = "model.layers") -> str:
+    """PEFT's state-dict key for the A or B matrix of ``module`` (e.g. ``self_attn.q_proj``) in ``layer``."""
+    return f"base_model.model.{layers_path}.{layer}.{module}.lora_{ab}.weight"
+
+
+def parse_peft_key(key: str) -> tuple[int, str, str]:
+    """Inverse of :func:`peft_key`: ``(layer, module, "A"|"B")``."""
+    m = _KEY.match(key)
+    if m is None:
+        raise ValueError(f"not a PEFT LoRA weight key: {key!r}")
+    return int(m["idx"]), m["module"], m["ab"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoraConfigSpec:
+    """LoRA hyper-parameters of the fine-tuning job (mirrors ``peft.LoraConfig``'s fields of the same names)."""
+
+    r: int = 8
+    lora_alpha: float = 16.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.r <= 0:
+            raise ValueError(f"LoRA rank r must be positive, got {self.r}")
+        if self.lora_alpha <= 0:
+            raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
+        if not self.target_modules:
+            raise ValueError("target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
+
+    @property
+    def scaling(self) -> float:
+        return self.lora_alpha / self.r
+
+    def peft_config_dict(self, base_model_path: str) -> dict[str, object]:
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "r": self.r,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout,
+            "target_modules": list(self.target_modules),
+            "bias": "none",
+            "base_model_name_or_path": base_model_path,
+            "inference_mode": True,
+            "fan_in_fan_out": False,
+            "use_rslora": False,
+            "use_dora": False,
+        }
+
+
+@dataclass(frozen=True)
+class LoraAdapterState:
+    """A named, versioned snapshot of LoRA weights (PEFT keys) plus the config that produced them."""
+
+    name: str
+    version: int
+    config: LoraConfigSpec
+    tensors: Mapping[str, torch.Tensor] = field(repr=False)
+    base_model_path: str = ""
+
+    def modules(self) -> Sequence[tuple[int, str]]:
+        """``(layer, module)`` pairs that carry an adapter, sorted."""
+        return sorted({parse_peft_key(k)[:2] for k in self.tensors})
+
+    def pair(self, layer: int, module: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(A [r, in], B [out, r])`` for a module, or ``None`` when the adapter does not touch it."""
+        for key in self.tensors:
+            li, mod, ab = parse_peft_key(key)
+            if li == layer and (mod == module or mod.endswith("." + module)) and ab == "A":
+                return self.tensors[key], self.tensors[key[: -len("A.weight")] + "B.weight"]
+        return None
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) atomically."""
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()},
+                  str(tmp / "adapter_model.safetensors"))
+        (tmp / "adapter_config.json").write_text(json.dumps(self.config.peft_config_dict(self.base_model_path), indent=2))
+        if out.exists():
+            old = out.with_name(out.name + ".old")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            import shutil
+
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        return out
+
+    @classmethod
+    def load_pretrained(cls, directory: str | os.PathLike[str], name: str | None = None,
+                        version: int = 0) -> "LoraAdapterState":
+        """Read a PEFT adapter folder written by PEFT or by :meth:`save_pretrained`."""
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        cfg_path = d / "adapter_config.json"
+        weights = d / "adapter_model.safetensors"
+        if not cfg_path.is_file() or not weights.is_file():
+            raise FileNotFoundError(
+                f"{d} is not a PEFT LoRA adapter folder: it needs adapter_config.json and adapter_model.safetensors"
+            )
+        raw = json.loads(cfg_path.read_text())
+        targets = raw.get("target_modules") or ()
+        if isinstance(targets, str):
+            raise ValueError(f"{cfg_path}: target_modules given as a regex ({targets!r}); list the module names")
+        config = LoraConfigSpec(r=int(raw["r"]), lora_alpha=float(raw["lora_alpha"]),
+                                target_modules=tuple(sorted(targets)), lora_dropout=float(raw.get("lora_dropout", 0.0)))
+        tensors = {k.replace(".default", ""): v for k, v in load_file(str(weights)).items()}
+        return cls(name=name or d.name, version=version, config=config, tensors=tensors,
+                   base_model_path=str(raw.get("base_model_name_or_path") or ""))
+
+    def with_tensors(self, tensors: Mapping[str, torch.Tensor], version: int | None = None) -> "LoraAdapterState":
+        return LoraAdapterState(self.name, self.version + 1 if version is None else version, self.config,
+                                dict(tensors), self.base_model_path)

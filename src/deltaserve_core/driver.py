@@ -1,0 +1,119 @@
+"""The client side of a host: how tests, the conformance suite, the demo and benchmarks send it requests.
+
+:class:`HostHooks` is what DeltaServe needs from an engine; :class:`HostDriver` is what *a user of the
+engine* does with it (submit greedy requests, collect outputs). Adapters implement both on one object so the
+conformance suite can check hook behaviour against client-visible results. Product code paths (the
+operator's ``vllm serve``) never go through the driver: clients talk to the engine's own API there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from .types import RequestSLO
+
+__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """A greedy generation request: ``max_tokens`` new tokens after ``prompt_ids`` (stops early at EOS)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    adapter: str | None = None
+    slo: RequestSLO | None = None
+    ignore_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.request_id!r}: prompt_ids is empty")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOutput:
+    """What a client received for one request. Times are ``time.monotonic()`` of the driving process."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    arrival_time: float
+    first_token_time: float
+    finish_time: float
+    token_times: tuple[float, ...] = ()
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpots_s(self) -> tuple[float, ...]:
+        times = self.token_times
+        return tuple(b - a for a, b in zip(times, times[1:]))
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """How to start a host for tests, the demo and benchmarks (the operator path uses the engine's own CLI).
+
+    ``client_adapters`` maps adapter names clients may use to PEFT folders. ``mixed_batches`` is honoured by
+    hosts that can choose (the reference host); others ignore it and report what they do in their
+    capabilities. ``options`` carries engine-specific settings (documented by each adapter).
+    """
+
+    model: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_lora_rank: int = 16
+    client_adapters: Mapping[str, str] = field(default_factory=dict)
+    mixed_batches: bool | None = None
+    max_batch_tokens: int = 2048
+    max_running_requests: int = 32
+    seed: int = 0
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank <= 0:
+            raise ValueError("HostConfig.max_lora_rank must be positive")
+        if self.max_batch_tokens <= 0:
+            raise ValueError("HostConfig.max_batch_tokens must be positive")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"HostConfig.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+@runtime_checkable
+class HostDriver(Protocol):
+    """Client operations on a running host, in the process that created it."""
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        """Submit ``requests`` (all arrive now) and run the engine until every one has finished.
+
+        Returns one output per request, in request order. Steps run meanwhile go through the hooks exactly as
+        in serving (so fine-tuning rows may join them)."""
+        ...
+
+    def submit(self, request: ClientRequest) -> None:
+        """Enqueue one request without running the engine (for traces and timed arrivals)."""
+        ...
+
+    def step(self) -> list[ClientOutput]:
+        """Run at most one engine step (or, for engines with their own loop, wait for the next one);
+        return the requests that finished in it."""
+        ...
+
+    def run_idle_step(self) -> bool:
+        """Offer the interceptor a step with no client work (the fine-tuning-only step). Returns whether a
+        step executed."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Whether any submitted client request has not finished."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; idempotent."""
+        ...

@@ -1,0 +1,153 @@
+"""Hosts are found through the ``deltaserve.hosts`` entry-point group, never guessed.
+
+Each entry point names a :class:`HostSpec`, a light object that imports nothing of its engine: listing hosts
+(``deltaserve hosts``) must work when an engine is missing, and must say how to install it. Creating a host
+imports the adapter; a missing engine or a broken adapter raises :class:`HostUnavailableError` with the
+install command, and an unknown name raises with the list of known hosts. There is no fallback host.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .driver import HostConfig, HostDriver
+from .hooks import HostHooks, validate_host
+from .types import HostCapabilities
+
+__all__ = ["ENTRY_POINT_GROUP", "HostSpec", "HostUnavailableError", "UnknownHostError", "available_hosts",
+           "get_host_spec", "create_host"]
+
+ENTRY_POINT_GROUP = "deltaserve.hosts"
+
+
+class UnknownHostError(LookupError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(
+            f"no DeltaServe host named {name!r}; installed hosts: {', '.join(known) or 'none'}. "
+            "Run `deltaserve hosts` to see every host and how to install its engine."
+        )
+
+
+class HostUnavailableError(RuntimeError):
+    """A registered host cannot be created here (engine missing, wrong version, adapter import failure)."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Registry entry of one host.
+
+    ``factory`` is ``"module:callable"``; the callable takes a :class:`HostConfig` and returns an object that
+    implements :class:`HostHooks` and :class:`HostDriver`. ``engine_distributions`` are the pip
+    distributions whose presence means the engine is installed (the first one found gives the version);
+    ``supported`` is the PEP 440 range the adapter is tested against.
+    """
+
+    name: str
+    description: str
+    factory: str
+    install_command: str
+    engine_distributions: tuple[str, ...] = ()
+    supported: str = ""
+    notes: str = ""
+    static_capabilities: dict[str, object] = field(default_factory=dict)
+
+    def engine_version(self) -> str | None:
+        if not self.engine_distributions:
+            import deltaserve_core
+
+            return deltaserve_core.__version__
+        for dist in self.engine_distributions:
+            try:
+                return md.version(dist)
+            except md.PackageNotFoundError:
+                continue
+        return None
+
+    def version_problem(self) -> str | None:
+        """Why the installed engine cannot be used, or ``None`` when it can."""
+        version = self.engine_version()
+        if version is None:
+            return f"engine not installed; install it with: {self.install_command}"
+        if self.supported:
+            from packaging.specifiers import SpecifierSet
+            from packaging.version import Version
+
+            if Version(version.split("+")[0]) not in SpecifierSet(self.supported):
+                return (f"installed engine version {version} is outside the supported range {self.supported}; "
+                        f"install a supported one with: {self.install_command}")
+        return None
+
+    def load_factory(self) -> Callable[[HostConfig], object]:
+        problem = self.version_problem()
+        if problem:
+            raise HostUnavailableError(f"host {self.name!r}: {problem}")
+        module_name, _, attr = self.factory.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            return getattr(module, attr)
+        except Exception as exc:  # the adapter itself is broken: say which and how to reinstall
+            raise HostUnavailableError(
+                f"host {self.name!r}: importing its adapter {self.factory} failed ({type(exc).__name__}: {exc}); "
+                f"reinstall with: {self.install_command}"
+            ) from exc
+
+    def create(self, config: HostConfig) -> "ServingHost":
+        host = self.load_factory()(config)
+        validate_host(host)
+        if not isinstance(host, HostDriver):
+            raise HostUnavailableError(
+                f"host {self.name!r}: created object {type(host).__qualname__} lacks the HostDriver client methods "
+                "(generate, submit, step, run_idle_step, has_unfinished, shutdown)"
+            )
+        return host  # type: ignore[return-value]
+
+
+class ServingHost(HostHooks, HostDriver, Protocol):
+    """What :meth:`HostSpec.create` returns: both protocols on one object."""
+
+
+def _entry_points() -> list[md.EntryPoint]:
+    return sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+
+
+def available_hosts() -> dict[str, HostSpec]:
+    """Every registered host, keyed by name. A broken entry point raises, naming its distribution."""
+    specs: dict[str, HostSpec] = {}
+    for ep in _entry_points():
+        try:
+            spec = ep.load()
+        except Exception as exc:
+            raise HostUnavailableError(
+                f"entry point {ep.name!r} in group {ENTRY_POINT_GROUP!r} ({ep.value}) failed to load: {exc}"
+            ) from exc
+        if not isinstance(spec, HostSpec):
+            raise HostUnavailableError(
+                f"entry point {ep.name!r} ({ep.value}) must name a deltaserve_core.registry.HostSpec, "
+                f"found {type(spec).__name__}"
+            )
+        if spec.name != ep.name:
+            raise HostUnavailableError(f"entry point {ep.name!r} names a HostSpec called {spec.name!r}; they must match")
+        specs[spec.name] = spec
+    return specs
+
+
+def get_host_spec(name: str) -> HostSpec:
+    specs = available_hosts()
+    if name not in specs:
+        raise UnknownHostError(name, sorted(specs))
+    return specs[name]
+
+
+def create_host(name: str, config: HostConfig) -> "ServingHost":
+    """Create the host registered as ``name`` and validate it against the protocol before returning it."""
+    return get_host_spec(name).create(config)
+
+
+def describe_capabilities(caps: HostCapabilities) -> str:
+    modes = "+".join(sorted(m.value for m in caps.graph_modes))
+    return (f"protocol v{caps.protocol_version}, mixed batches {'yes' if caps.mixed_batches else 'no'}, "
+            f"modes {modes}, activations {caps.activation_dtype}, abort {'yes' if caps.supports_abort else 'no'}")

@@ -1,0 +1,105 @@
+"""Small real checkpoints built offline, for tests, the conformance suite and CPU demos.
+
+No machine here reaches a model hub, so tests build a random-weight Llama (any Llama-style family works the
+same way through transformers) with a byte-level BPE tokenizer trained on a few sentences, and save both as
+an ordinary ``save_pretrained`` folder that vLLM, SGLang, transformers and PEFT all load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["build_tiny_llama", "build_lora_adapter", "TINY_CHAT_TEMPLATE"]
+
+# A ChatML-style template: close to what SmolLM2/Qwen ship, so formatting code is exercised the same way.
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Continuous batching keeps the accelerator busy while requests come and go.",
+    "Low-rank adapters fine-tune a large model by training two small matrices per layer.",
+    "Give three tips for staying healthy. Eat well, sleep enough, and move every day.",
+    "What is the capital of France? The capital of France is Paris.",
+    "Instruction: summarise the text. Response: a short summary of the text follows here.",
+]
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast.chat_template = TINY_CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, hidden_size: int = 128,
+                     num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 256,
+                     vocab_size: int = 512, max_position_embeddings: int = 1024, seed: int = 0,
+                     dtype: torch.dtype = torch.float32) -> Path:
+    """Write a random-weight ``LlamaForCausalLM`` + tokenizer folder (idempotent: reuses a matching folder)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(directory)
+    stamp = {"num_layers": num_layers, "hidden_size": hidden_size, "num_heads": num_heads,
+             "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
+             "seed": seed, "dtype": str(dtype), "max_position_embeddings": max_position_embeddings}
+    marker = out / "deltaserve_tiny.json"
+    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_tokenizer(vocab_size)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads, max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(dtype)
+    with torch.no_grad():  # wider init than HF's default so random models produce varied greedy text
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    marker.write_text(json.dumps(stamp))
+    return out
+
+
+def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.PathLike[str], *, r: int = 8,
+                       lora_alpha: float = 16.0, target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+                       seed: int = 1, scale: float = 0.05) -> Path:
+    """Write a PEFT LoRA adapter for ``model_dir`` with random non-zero A *and* B (so it changes outputs)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = Path(directory)
+    if (out / "adapter_model.safetensors").is_file():
+        return out
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=list(target_modules),
+                                            lora_dropout=0.0, task_type="CAUSAL_LM"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale)
+    model.save_pretrained(out)
+    return out
