@@ -296,12 +296,11 @@ def check_capture_activation__only_finetune_rows_in_layer_order(env: Conformance
     env.run(make_prompts(env, 3, seed=8))
     num_layers = env.host.model_spec().num_layers  # type: ignore[attr-defined]
     ids = {s.sample_id: s for s in samples}
-    step_id = next(iter(rec.injected))
     foreign = sorted({sid for _, _, sid, _ in rec.captures if sid not in ids})
     if foreign:
         raise _fail(env, "capture_activation", f"captures were delivered for ids {foreign}, which are not fine-tuning "
                     "rows: inference rows must never be captured")
-    keys = [(layer, sid) for sid_step, layer, sid, _ in rec.captures if sid_step == step_id]
+    keys = [(layer, sid) for _, layer, sid, _ in rec.captures if sid in ids]
     want = sorted((layer, sid) for layer in range(num_layers) for sid in ids)
     if sorted(keys) != want:
         raise _fail(env, "capture_activation", f"expected one capture per (layer, sample) = {len(want)}, got {len(keys)}")
@@ -312,8 +311,11 @@ def check_capture_activation__only_finetune_rows_in_layer_order(env: Conformance
         if t.shape[0] != ids[sid].num_tokens:
             raise _fail(env, "capture_activation", f"sample {sid}: captured {t.shape[0]} rows, it has "
                         f"{ids[sid].num_tokens} tokens")
-    if (step_id, tuple(sorted(ids))) not in [(s, tuple(sorted(x))) for s, x in rec.begun]:
-        raise _fail(env, "capture_activation", f"begin_step was not called for step {step_id} with samples {sorted(ids)}")
+    begun = [s for s, x in rec.begun if set(x) & set(ids)]
+    if len(begun) != 1 or sorted(next(x for s, x in rec.begun if s == begun[0])) != sorted(ids):
+        raise _fail(env, "capture_activation", f"begin_step should be called once with samples {sorted(ids)}; calls: "
+                    f"{rec.begun}")
+    step_id = begun[0]
     ended = [e for e in rec.ended if e[0] == step_id]
     if len(ended) != 1 or sorted(ended[0][1]) != sorted(ids) or ended[0][2]:
         raise _fail(env, "capture_activation", f"end_step for step {step_id} should report completed={sorted(ids)}, "
@@ -385,7 +387,7 @@ def check_report_step_time__consistent_with_wall_clock(env: ConformanceEnv) -> N
     start = time.monotonic()
     env.run(make_prompts(env, 4, seed=11, max_tokens=8))
     end = time.monotonic()
-    records = rec.real_records()
+    records = list({r.step_id: r for r in reversed(rec.real_records())}.values())[::-1]  # counting is another check
     slack = 2e-3
     for r in records:
         if not r.duration_s > 0:

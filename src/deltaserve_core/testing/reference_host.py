@@ -321,8 +321,9 @@ class ReferenceHost:
             if tensor.shape[0] > self.config.max_lora_rank:
                 raise ValueError(f"adapter {state.name!r} has rank {tensor.shape[0]} > max_lora_rank="
                                  f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
-            pairs[(layer, module)] = (tensor.detach().to(self.device, self.dtype),
-                                      b.detach().to(self.device, self.dtype))
+            # Copies: the core may keep training the tensors it handed over; the host serves this snapshot.
+            pairs[(layer, module)] = (tensor.detach().to(self.device, self.dtype, copy=True),
+                                      b.detach().to(self.device, self.dtype, copy=True))
         return _Lora(state.config.scaling, pairs)
 
     def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,

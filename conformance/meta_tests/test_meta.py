@@ -1,0 +1,52 @@
+"""The suite must fail each deliberately broken host on exactly its targeted check, and pass the reference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from deltaserve_conformance.checks import CHECKS, run_check
+from deltaserve_conformance.plugin import build_env
+
+from .broken_hosts import TARGETS
+
+CACHE = Path(os.environ.get("DELTASERVE_CACHE", Path.home() / ".cache" / "deltaserve")) / "conformance"
+
+
+def _failures(factory: str) -> dict[str, str]:
+    env = build_env(factory, cache_dir=CACHE, validate=False)
+    failed: dict[str, str] = {}
+    try:
+        for c in CHECKS:
+            if c.requires(env.host.capabilities()):
+                continue
+            try:
+                run_check(env, c)
+            except AssertionError as exc:
+                failed[c.name] = str(exc)
+    finally:
+        env.host.shutdown()
+    return failed
+
+
+@pytest.mark.parametrize("host_cls", list(TARGETS), ids=[cls.name for cls in TARGETS])
+def test_broken_host_fails_exactly_its_check(host_cls: type) -> None:
+    target = TARGETS[host_cls]
+    failed = _failures(f"{host_cls.__module__}:{host_cls.__qualname__}")
+    assert target in failed, f"{host_cls.__name__} breaks {target!r} but the suite did not notice"
+    assert set(failed) == {target}, (
+        f"{host_cls.__name__} breaks only {target!r}, yet the suite also failed "
+        f"{sorted(set(failed) - {target})}: {[failed[k] for k in sorted(set(failed) - {target})]}"
+    )
+
+
+def test_failure_messages_name_host_and_hook() -> None:
+    from .broken_hosts import IgnoresAbortHost, MistypedHookHost
+
+    failed = _failures(f"{IgnoresAbortHost.__module__}:IgnoresAbortHost")
+    msg = failed["capture_activation__abort_stops_finetune_only_step"]
+    assert "broken-abort" in msg and "capture_activation" in msg
+    failed = _failures(f"{MistypedHookHost.__module__}:MistypedHookHost")
+    assert "intercept_schedule" in failed["protocol__validate_host"] and "interceptor" in failed["protocol__validate_host"]

@@ -1,0 +1,391 @@
+"""The co-serving controller: joins a host's hooks to admission, the data pool, the buffer and the backward.
+
+One :class:`CoServer` per fine-tuning job, living in the host's scheduling process. It is the object the
+host calls through the protocol (it *is* the ``ScheduleInterceptor`` and the ``StepSink``; the activation
+buffer is the ``ActivationSink``), so every engine adapter drives the same policy: adapters translate, this
+module decides.
+
+Per step, in the scheduling process:
+    ``on_schedule(batch)``: absorb finished backward steps (push the new adapter to the host, checkpoint,
+    publish), then Algorithm 1 (:mod:`.admission`) over the pool with the buffer's free space; reserve buffer
+    slots for what was admitted; mark a fine-tuning-only step abortable.
+    ``__call__(record)``: refit the latency model online, track estimator error, hand completed samples to
+    the backward batcher, return aborted ones to the pool.
+From any thread: ``on_arrival`` arms the abort of a running fine-tuning-only step.
+
+Exactness hinges on one ordering rule kept here: every forward of the samples of backward batch *k* runs
+with the adapter after step *k-1*. Admission stops while a batch trains (Algorithm 1, line 2) and the host
+gets the new weights before the next admission.
+
+Faults: if the backward process dies or hangs, admission pauses (inference never waits for it), a
+background thread restarts it from the newest checkpoint, the pool rewinds to that checkpoint's position
+and the host's fine-tuning adapter to its weights. Samples trained after that checkpoint are trained again;
+nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .activation_buffer import ActivationBuffer
+from .adapter_state import LoraAdapterState
+from .admission import Admission, AdmissionDecision
+from .backward_process import BackwardProcess, BackwardReport
+from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
+from .hooks import HostHooks, validate_host
+from .job_config import JobConfig
+from .latency_model import LatencyModel
+from .lora_backward import TrainerConfig
+from .slo import SLOConfig
+from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
+
+__all__ = ["CoServer", "CoServeStats"]
+
+log = logging.getLogger("deltaserve")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CoServeStats:
+    """Running totals the controller logs and the demo/benchmarks report."""
+
+    started_at: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    steps_with_finetune: int = 0
+    finetune_only_steps: int = 0
+    admitted_samples: int = 0
+    aborted_samples: int = 0
+    forward_tokens: int = 0
+    trained_tokens: int = 0
+    optimizer_steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    backward_failures: int = 0
+    estimator_errors: dict[str, list[float]] = field(default_factory=lambda: {"graph": [], "eager": []})
+    published: list[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+
+    def estimator_mape(self, mode: str) -> float | None:
+        errs = self.estimator_errors[mode][-512:]
+        return sum(errs) / len(errs) if errs else None
+
+    def as_dict(self) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        return {
+            "steps": self.steps, "steps_with_finetune": self.steps_with_finetune,
+            "finetune_only_steps": self.finetune_only_steps, "admitted_samples": self.admitted_samples,
+            "aborted_samples": self.aborted_samples, "forward_tokens": self.forward_tokens,
+            "trained_tokens": self.trained_tokens, "optimizer_steps": self.optimizer_steps,
+            "finetune_tokens_per_s": self.trained_tokens / elapsed,
+            "first_loss": self.losses[0] if self.losses else None, "last_loss": self.losses[-1] if self.losses else None,
+            "losses": list(self.losses),
+            "backward_failures": self.backward_failures,
+            "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
+            "published": list(self.published), "checkpoints": list(self.checkpoints),
+        }
+
+
+class CoServer:
+    """Co-serve one LoRA fine-tuning job on ``host``. See the module docstring.
+
+    Construction validates the host and loads the dataset (bad records counted and reported; an unusable
+    dataset raises before anything starts). :meth:`start` creates the buffer and the backward process and
+    installs the hooks; :meth:`close` removes them and stops the backward process.
+    """
+
+    def __init__(self, host: HostHooks, job: JobConfig, *, latency_model: LatencyModel,
+                 tokenizer: Any = None, backward_threads: int | None = None, hang_timeout_s: float = 120.0,
+                 log_every_s: float = 10.0, resume: bool = True) -> None:
+        self.host = host
+        self.job = job
+        self.caps = validate_host(host)
+        self.spec = host.model_spec()
+        if not latency_model.is_ready:
+            raise ValueError("the latency model is not calibrated: run calibration (deltaserve calibrate) or pass a "
+                             "fitted LatencyModel; admission without a model would be a guess")
+        self.model = latency_model
+        self.dataset = FinetuneDataset(
+            DataConfig(path=job.dataset, format=job.dataset_format, max_length=job.max_length,
+                       overflow=job.overflow, epochs=job.epochs, seed=job.seed),
+            tokenizer if tokenizer is not None else self.spec.path)
+        self.dataset.report.log()
+        self.pool: FinetunePool = self.dataset.make_pool()
+        self.slo = SLOConfig(job.slo.ttft_s, job.slo.tpot_s, job.slo.avg_tpot_s)
+        self.admission = Admission(self.model, self.slo, mixed_batches=self.caps.mixed_batches,
+                                   max_ft_tokens_per_step=min(self.caps.max_finetune_tokens_per_step, job.buffer_tokens),
+                                   decode_mode=self._decode_mode)
+        self.stats = CoServeStats()
+        self.backward_threads = backward_threads
+        self.hang_timeout_s = hang_timeout_s
+        self.log_every_s = log_every_s
+        self.resume = resume
+        self.buffer: ActivationBuffer | None = None
+        self.backward: BackwardProcess | None = None
+        self._predicted: dict[int, tuple[float, ExecutionMode]] = {}
+        self._admitted: dict[int, tuple[FineTuneSample, ...]] = {}
+        self._recovering: threading.Thread | None = None
+        self._pending_reports: deque[BackwardReport] = deque()
+        self._last_log = time.monotonic()
+        self._adapter_version = 0
+        self._published_step = -1
+        self._started = False
+
+    def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        return self.host.graph_mode(batch)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "CoServer":
+        from transformers import AutoModelForCausalLM
+
+        dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
+        self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
+                                       dtype=dtype, device=self.caps.device)
+        base = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=dtype).to(self.caps.device).eval()
+        adapter = self._initial_adapter(base)
+        self.backward = BackwardProcess(
+            base, adapter, self.buffer,
+            config=TrainerConfig(lr=self.job.lr, weight_decay=self.job.weight_decay,
+                                 backward_batch_tokens=self.job.backward_batch_tokens),
+            checkpoint_dir=self.job.checkpoint.dir, keep_checkpoints=self.job.checkpoint.keep,
+            hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads)
+        self.backward.start(resume=self.resume)
+        ready = self.backward.wait_ready()
+        if ready.extra.get("pool"):
+            self.pool.load_state_dict(ready.extra["pool"])
+            log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
+        self._adapter_version = ready.step
+        self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=ready.step))
+        self.host.intercept_schedule(self)
+        self.host.capture_activation(self.buffer)
+        self.host.report_step_time(self)
+        self._started = True
+        log.info("co-serving %s on host %r: %d samples, %d epoch(s), buffer %d tokens, SLO ttft=%.3fs tpot=%.3fs",
+                 self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
+                 self.job.buffer_tokens, self.slo.ttft_s, self.slo.tpot_s)
+        return self
+
+    def _initial_adapter(self, base: torch.nn.Module) -> LoraAdapterState:
+        """A fresh PEFT-initialised adapter (A random, B zero) for the job's LoRA config, seeded."""
+        from peft import LoraConfig, get_peft_model
+
+        torch.manual_seed(self.job.seed)
+        cfg = self.job.lora
+        peft_model = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha,
+                                                     target_modules=list(cfg.target_modules),
+                                                     lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM"))
+        from peft import get_peft_model_state_dict
+
+        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+        peft_model.unload()  # give the base modules back unwrapped: the backward maps them as plain weights
+        return LoraAdapterState(self.job.adapter_name, 0, cfg, tensors, self.spec.path)
+
+    def close(self) -> None:
+        if not self._started:
+            return
+        self.host.intercept_schedule(None)
+        self.host.capture_activation(None)
+        self.host.report_step_time(None)
+        self._started = False
+        if self.backward is not None:
+            self.backward.stop()
+            self.backward.close()
+        if self.buffer is not None:
+            self.buffer.close()
+
+    def __enter__(self) -> "CoServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ hooks
+
+    def on_arrival(self, request_id: str, arrival_time: float) -> None:
+        if self.buffer is not None:
+            self.buffer.request_abort()
+
+    def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        self.poll()
+        bw = self.backward
+        assert bw is not None and self.buffer is not None, "CoServer.start() must run before the host schedules"
+        paused = bw.busy or self._recovering is not None
+        if batch.is_empty:
+            self.buffer.clear_abort()
+            if not paused and len(self.pool) == 0 and bw.batcher.pending_tokens:
+                bw.flush()  # end of the data: train the partial batch rather than wait for more samples
+                paused = True
+        decision: AdmissionDecision = self.admission.decide(
+            batch, pool=self.pool, backward_running=paused, buffer_free_tokens=self.buffer.free_tokens)
+        samples = decision.samples
+        if samples:
+            kept = []
+            for s in samples:
+                if self.buffer.reserve(s) is None:  # fragmentation: the rest goes back, admission stays exact
+                    self.pool.release([x.sample_id for x in samples[len(kept):]])
+                    break
+                kept.append(s)
+            samples = tuple(kept)
+        if samples:
+            self._admitted[batch.step_id] = samples
+            if batch.is_empty:
+                self.buffer.mark_finetune_only(batch.step_id)
+            self._predicted[batch.step_id] = (decision.predicted_mixed or 0.0, ExecutionMode.EAGER)
+        elif not batch.is_empty and self.model.is_ready:
+            self._predicted[batch.step_id] = (decision.predicted_inference, batch.mode)
+        return samples
+
+    def __call__(self, record: StepRecord) -> None:
+        """StepSink: one record per executed step."""
+        if record.synthetic:
+            self.model.observe(record)
+            return
+        self.stats.steps += 1
+        predicted = self._predicted.pop(record.step_id, None)
+        if predicted is not None and predicted[0] == predicted[0] and record.duration_s > 0:  # skip NaN
+            self.stats.estimator_errors[record.mode.value].append(abs(predicted[0] - record.duration_s) / record.duration_s)
+        self.model.observe(record)
+        admitted = self._admitted.pop(record.step_id, ())
+        if record.aborted_sample_ids:
+            self.stats.aborted_samples += len(record.aborted_sample_ids)
+            self.pool.release(list(record.aborted_sample_ids))
+        if record.finetune_sample_ids:
+            self.stats.steps_with_finetune += 1
+            if not record.prefill_lengths and not record.num_decode:
+                self.stats.finetune_only_steps += 1
+            self.stats.admitted_samples += len(record.finetune_sample_ids)
+            self.stats.forward_tokens += record.finetune_tokens
+            if self.backward is not None and self._recovering is None:
+                self.backward.submit_captured(record.finetune_sample_ids)
+        missing = {s.sample_id for s in admitted} - set(record.finetune_sample_ids) - set(record.aborted_sample_ids)
+        if missing:  # the host dropped rows it was given: give them back rather than lose them
+            log.warning("host %r did not run admitted samples %s in step %d; returning them to the pool",
+                        getattr(self.host, "name", "?"), sorted(missing), record.step_id)
+            for sid in missing:
+                self.buffer.release(sid)  # type: ignore[union-attr]
+            self.pool.release(sorted(missing))
+        self._maybe_log()
+
+    # ------------------------------------------------------------------------------------------ backward
+
+    def _absorb_backward(self) -> None:
+        bw = self.backward
+        if bw is None or self._recovering is not None:
+            return
+        for rep in bw.poll():
+            self._handle(rep)
+        h = bw.health()
+        if h.hung:
+            self._recover(f"backward process hung (no heartbeat for {h.heartbeat_age_s:.1f} s)")
+
+    def _handle(self, rep: BackwardReport) -> None:
+        bw = self.backward
+        assert bw is not None
+        if rep.kind == "step":
+            self.pool.complete(list(rep.sample_ids))
+            self.stats.optimizer_steps += 1
+            self.stats.trained_tokens += rep.tokens
+            if rep.loss is not None:
+                self.stats.losses.append(rep.loss)
+            self._adapter_version = rep.step
+            # The next admission must see the new weights (exactness): push them before returning to the host.
+            self.host.set_finetune_adapter(bw.adapter_snapshot(version=rep.step))
+            ck = self.job.checkpoint
+            if ck.every_steps and rep.step % ck.every_steps == 0:
+                bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+            pub = self.job.publish
+            if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
+                self._publish(rep.step)
+        elif rep.kind == "checkpoint":
+            self.stats.checkpoints.append(str(rep.path))
+            if self.job.publish.policy == "on_checkpoint":
+                self._publish(rep.step)
+        elif rep.kind == "error":
+            log.error("backward process error (it keeps running): %s", rep.message)
+        elif rep.kind == "died":
+            self._recover(rep.message)
+
+    def _publish(self, step: int) -> None:
+        assert self.backward is not None
+        if step <= self._published_step:
+            return  # two checkpoints of one step (e.g. periodic + final) publish once
+        self._published_step = step
+        name = self.host.publish_adapter(self.backward.adapter_snapshot(version=step))
+        self.stats.published.append(name)
+        log.debug("published adapter %s", name)
+
+    def _recover(self, why: str) -> None:
+        """Pause admission and restart the backward process from its newest checkpoint, off the serving path."""
+        self.stats.backward_failures += 1
+        log.error("%s; admission paused, restarting the backward process from its last checkpoint", why)
+        bw = self.backward
+        assert bw is not None
+
+        def restart() -> None:
+            try:
+                ck = bw.restart()
+                self._pending_reports.append(BackwardReport("recovered", step=ck.step if ck else 0,
+                                                            extra=dict(ck.extra) if ck else {}))
+            except Exception as exc:  # keep serving; report and stay paused
+                log.exception("backward restart failed: %s", exc)
+                self._pending_reports.append(BackwardReport("restart_failed", message=str(exc)))
+
+        self._recovering = threading.Thread(target=restart, name="deltaserve-backward-restart", daemon=True)
+        self._recovering.start()
+
+    def finish_recovery(self, timeout: float | None = 0.0) -> bool:
+        """Complete a restart once its thread ended (called from ``on_schedule``'s path via :meth:`poll`)."""
+        t = self._recovering
+        if t is None:
+            return True
+        t.join(timeout)
+        if t.is_alive():
+            return False
+        self._recovering = None
+        while self._pending_reports:
+            rep = self._pending_reports.popleft()
+            if rep.kind == "recovered":
+                pool_state = rep.extra.get("pool")
+                if pool_state:
+                    self.pool.load_state_dict(pool_state)
+                else:
+                    self.pool = self.dataset.make_pool()
+                self._admitted.clear()
+                assert self.backward is not None
+                self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
+                log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)
+        return True
+
+    def poll(self) -> None:
+        """Housekeeping between steps (hosts call nothing extra; the demo and tests may call it when idle)."""
+        self.finish_recovery(0.0)
+        self._absorb_backward()
+
+    # ------------------------------------------------------------------------------------------ progress
+
+    @property
+    def finished(self) -> bool:
+        bw = self.backward
+        return (self.pool.finished and bw is not None and not bw.busy and not bw.batcher.pending_tokens
+                and self._recovering is None)
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < self.log_every_s:
+            return
+        self._last_log = now
+        d = self.stats.as_dict()
+        mape = ", ".join(f"{m} {v * 100:.1f}%" for m, v in d["estimator_mape"].items() if v is not None) or "n/a"
+        log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), "
+                 "estimator error %s, %s", d["optimizer_steps"],
+                 f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
+                 d["admitted_samples"], d["aborted_samples"], mape, self.pool.progress())
+

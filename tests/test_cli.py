@@ -1,0 +1,28 @@
+"""The `deltaserve` command: hosts listing, conformance run, errors that say what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from deltaserve_core.cli import main
+
+
+def test_hosts_lists_reference(capsys) -> None:  # noqa: ANN001
+    assert main(["hosts"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("reference") or "\nreference" in out
+
+
+def test_unknown_host_is_an_error(capsys) -> None:  # noqa: ANN001
+    assert main(["conformance", "no-such-host"]) == 2
+    err = capsys.readouterr().err
+    assert "no DeltaServe host named 'no-such-host'" in err and "deltaserve hosts" in err
+
+
+def test_conformance_reference_passes_as_a_process() -> None:
+    # A fresh process, as a user runs it: the pytest11 plugin must load from the entry point (not a conftest).
+    proc = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "conformance", "reference"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
