@@ -80,7 +80,7 @@ def test_mistyped_annotation_is_named() -> None:
     class Mistyped(_Complete):
         name = "mistyped"
 
-        def graph_mode(self, batch: ProposedBatch) -> str: ...
+        def graph_mode(self, batch: ProposedBatch) -> int: ...
 
     with pytest.raises(HostProtocolError, match=r"graph_mode: returns"):
         validate_host(Mistyped())

@@ -68,6 +68,7 @@ class CoServeStats:
     trained_tokens: int = 0
     optimizer_steps: int = 0
     losses: list[float] = field(default_factory=list)
+    trained_batches: list[tuple[int, ...]] = field(default_factory=list)  # sample ids of each optimizer step
     backward_failures: int = 0
     estimator_errors: dict[str, list[float]] = field(default_factory=lambda: {"graph": [], "eager": []})
     published: list[str] = field(default_factory=list)
@@ -136,6 +137,8 @@ class CoServer:
         self._last_log = time.monotonic()
         self._adapter_version = 0
         self._published_step = -1
+        self._pending_ids: list[int] = []
+        self._pending_tokens = 0
         self._started = False
 
     def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
@@ -151,6 +154,7 @@ class CoServer:
                                        dtype=dtype, device=self.caps.device)
         base = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=dtype).to(self.caps.device).eval()
         adapter = self._initial_adapter(base)
+        self.initial_adapter = adapter.with_tensors({k: v.clone() for k, v in adapter.tensors.items()}, version=0)
         self.backward = BackwardProcess(
             base, adapter, self.buffer,
             config=TrainerConfig(lr=self.job.lr, weight_decay=self.job.weight_decay,
@@ -220,8 +224,8 @@ class CoServer:
         paused = bw.busy or self._recovering is not None
         if batch.is_empty:
             self.buffer.clear_abort()
-            if not paused and len(self.pool) == 0 and bw.batcher.pending_tokens:
-                bw.flush()  # end of the data: train the partial batch rather than wait for more samples
+            if not paused and len(self.pool) == 0 and self._pending_ids:
+                self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
                 paused = True
         decision: AdmissionDecision = self.admission.decide(
             batch, pool=self.pool, backward_running=paused, buffer_free_tokens=self.buffer.free_tokens)
@@ -264,7 +268,10 @@ class CoServer:
             self.stats.admitted_samples += len(record.finetune_sample_ids)
             self.stats.forward_tokens += record.finetune_tokens
             if self.backward is not None and self._recovering is None:
-                self.backward.submit_captured(record.finetune_sample_ids)
+                self._pending_ids.extend(record.finetune_sample_ids)
+                self._pending_tokens += record.finetune_tokens
+                if self._pending_tokens >= self.job.backward_batch_tokens:
+                    self._dispatch_backward()
         missing = {s.sample_id for s in admitted} - set(record.finetune_sample_ids) - set(record.aborted_sample_ids)
         if missing:  # the host dropped rows it was given: give them back rather than lose them
             log.warning("host %r did not run admitted samples %s in step %d; returning them to the pool",
@@ -275,6 +282,17 @@ class CoServer:
         self._maybe_log()
 
     # ------------------------------------------------------------------------------------------ backward
+
+    def _dispatch_backward(self) -> None:
+        """Train every captured sample not yet trained, as one optimizer step.
+
+        The batch is *all* pending captures, even past ``backward_batch_tokens``: every one of them was forwarded
+        with the current adapter, so splitting them across two optimizer steps would train the second part on
+        activations computed with stale weights (the paper's batch size is the threshold, not a cut)."""
+        assert self.backward is not None
+        self.backward.train_batch(self._pending_ids)
+        self._pending_ids = []
+        self._pending_tokens = 0
 
     def _absorb_backward(self) -> None:
         bw = self.backward
@@ -292,6 +310,7 @@ class CoServer:
         if rep.kind == "step":
             self.pool.complete(list(rep.sample_ids))
             self.stats.optimizer_steps += 1
+            self.stats.trained_batches.append(tuple(rep.sample_ids))
             self.stats.trained_tokens += rep.tokens
             if rep.loss is not None:
                 self.stats.losses.append(rep.loss)
@@ -359,6 +378,7 @@ class CoServer:
                 else:
                     self.pool = self.dataset.make_pool()
                 self._admitted.clear()
+                self._pending_ids, self._pending_tokens = [], 0
                 assert self.backward is not None
                 self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
                 log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)
@@ -374,7 +394,7 @@ class CoServer:
     @property
     def finished(self) -> bool:
         bw = self.backward
-        return (self.pool.finished and bw is not None and not bw.busy and not bw.batcher.pending_tokens
+        return (self.pool.finished and bw is not None and not bw.busy and not self._pending_ids
                 and self._recovering is None)
 
     def _maybe_log(self) -> None:

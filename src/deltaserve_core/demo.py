@@ -189,7 +189,7 @@ def run_demo(args: argparse.Namespace) -> int:
           f"(TTFT {inf['ttft_attainment'] * 100:.1f}%, TPOT {inf['tpot_attainment'] * 100:.1f}%), "
           f"mean TTFT {inf['mean_ttft_s']:.3f} s, max TPOT {inf['max_tpot_s']:.3f} s")
     mape = {k: v for k, v in ft["estimator_mape"].items() if v is not None}
-    print(f"[demo] estimator error (MAPE): " + (", ".join(f"{k} {v * 100:.1f}%" for k, v in mape.items()) or "n/a"))
+    print("[demo] estimator error (MAPE): " + (", ".join(f"{k} {v * 100:.1f}%" for k, v in mape.items()) or "n/a"))
     if "verify" in summary:
         v = summary["verify"]
         print(f"[demo] client outputs identical to the host without DeltaServe: {v['identical_outputs']}/"

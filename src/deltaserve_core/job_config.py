@@ -5,7 +5,7 @@ key, the value and what would be accepted.
 
 .. code-block:: yaml
 
-    dataset: data/alpaca_en_demo.json      # Alpaca or ShareGPT/chat format, .json or .jsonl
+    dataset: data/train.jsonl              # Alpaca or ShareGPT/chat, .json/.jsonl (or builtin:alpaca-demo)
     adapter_name: my-adapter
     lora: {r: 8, alpha: 16, target_modules: [q_proj, k_proj, v_proj, o_proj], dropout: 0.0}
     optimizer: {lr: 1.0e-3, weight_decay: 0.01}
@@ -33,6 +33,8 @@ from .adapter_state import LoraConfigSpec
 __all__ = ["JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
+#: ``dataset:`` value naming the Alpaca demo set (999 records), fetched once from the llamafactory sdist on PyPI.
+BUILTIN_DEMO_DATASET = "builtin:alpaca-demo"
 
 
 class JobConfigError(ValueError):
@@ -135,7 +137,11 @@ def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None
     if "dataset" not in raw:
         raise JobConfigError("job config: dataset: is required: the path of an Alpaca or ShareGPT .json/.jsonl file")
     dataset = str(raw["dataset"])
-    if base_dir is not None and not os.path.isabs(dataset):
+    if dataset == BUILTIN_DEMO_DATASET:
+        from .assets import demo_dataset_path
+
+        dataset = str(demo_dataset_path())
+    elif base_dir is not None and not os.path.isabs(dataset):
         dataset = str((base_dir / dataset).resolve())
     opt = raw.get("optimizer") or {}
     if not isinstance(opt, Mapping) or set(opt) - {"lr", "weight_decay"}:

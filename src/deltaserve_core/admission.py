@@ -1,0 +1,376 @@
+"""Fine-tuning admission for one scheduling step: Algorithm 1 of the paper.
+
+Who calls it: the core's :class:`~deltaserve_core.hooks.ScheduleInterceptor` (``on_schedule``), in the
+host's scheduling process, once per step, after the host chose its inference batch and before dispatch.
+Its answer -- the samples to append to that step as prefill rows on the reserved adapter -- is on the
+engine's critical path, so the decision is plain Python arithmetic: one pass over the batch for Δ and the
+inference features, then a lazy walk of the pool in increasing length that stops at the first sample that
+does not fit (the walk is bounded by the step's fine-tuning token cap, never by the pool size). The walk
+reads the pool in blocks and settles each block with prefix sums and a bisection; it admits exactly the
+samples of the literal loop (see the comment in :meth:`Admission.decide`; the tests compare the two).
+
+Algorithm 1, as implemented by :meth:`Admission.decide`:
+
+1-4.  Nothing while the backward process runs, when the activation buffer has no room, or the pool is empty.
+5-7.  On hosts without mixed batches, nothing for a step that carries only decodes.
+8-10. Δ = min(TTFT slack of the earliest deadline with queue wait, TPOT slack minus D_wait) -- see
+      :func:`deltaserve_core.slo.step_budget` (which also applies the average-TPOT SLO and per-request
+      overrides, and the fine-tuning-only cap for an empty batch).
+11-13. If the inference batch alone, priced in the host's own mode (``batch.mode``), exceeds Δ: nothing.
+14-22. Samples in increasing token length; each joins while the buffer/step cap holds and the mixed step,
+      priced with *eager* coefficients (capture hooks force eager execution), stays ≤ Δ; the first sample
+      that fails either check ends the walk, as in the paper (``break``, not ``continue``).
+23.   ``pool.claim`` the admitted samples (reserves them, removes them from the pool).
+
+The fine-tuning-only step (no scheduled inference) is the same procedure with an empty inference batch:
+its predicted inference time is 0 and Δ is capped by the fine-tuning-only budget (see :mod:`.slo`).
+
+Beyond the paper, a model without calibration admits nothing (reason ``not_calibrated``) instead of
+guessing. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, filterfalse, islice, repeat
+from operator import add, attrgetter, itemgetter, mul
+from typing import Protocol, runtime_checkable
+
+from .latency_model import LatencyModel, eq1_time, eq2_time
+from .slo import SLOConfig, StepBudget, step_budget
+from .types import ExecutionMode, FineTuneSample, ProposedBatch
+
+__all__ = [
+    "AdmissionPool",
+    "AdmissionReason",
+    "AdmissionDecision",
+    "Admission",
+    "admit",
+    "InMemoryPool",
+]
+
+
+@runtime_checkable
+class AdmissionPool(Protocol):
+    """The fine-tuning samples admission may draw from (implemented by the fine-tuning data manager).
+
+    Called by admission in the scheduling process; never concurrently with itself.
+    """
+
+    def __len__(self) -> int:
+        """Number of samples that could be admitted now (claimed ones excluded)."""
+        ...
+
+    def iter_by_length(self) -> Iterator[FineTuneSample]:
+        """Unclaimed samples in increasing token length (ties in a fixed, deterministic order), lazily:
+        admission stops after the first sample that does not fit, so producing the rest would be waste."""
+        ...
+
+    def claim(self, samples: Sequence[FineTuneSample]) -> None:
+        """Reserve ``samples`` (a prefix of :meth:`iter_by_length`) for the step being scheduled and remove
+        them from the pool, so a pipelined scheduler never selects them twice."""
+        ...
+
+
+class AdmissionReason(str, enum.Enum):
+    """Why a decision admitted what it did (the values are stable strings for logs and metrics)."""
+
+    ADMITTED = "admitted"
+    BACKWARD_RUNNING = "backward_running"  # line 2: activations of the running backward must not be overwritten
+    BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
+    POOL_EMPTY = "pool_empty"  # line 2
+    DECODE_ONLY_STEP = "decode_only_step"  # line 5: host cannot mix, step has no prefill
+    NOT_CALIBRATED = "not_calibrated"  # beyond the paper: no coefficients to price the step
+    NO_SLACK = "no_slack"  # line 11: the inference batch alone exceeds Δ
+    SAMPLE_EXCEEDS_BUDGET = "sample_exceeds_budget"  # line 17 on the first (shortest) sample
+    SAMPLE_EXCEEDS_BUFFER = "sample_exceeds_buffer"  # line 16 on the first (shortest) sample
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """The outcome of one admission decision.
+
+    ``samples``: admitted, in admission order (increasing length), already claimed from the pool.
+    ``delta``: the step's budget Δ (seconds; NaN when the decision stopped before computing it).
+    ``predicted_inference``: the inference batch alone in ``batch.mode`` (NaN when not computed; 0 for an
+    empty batch). ``predicted_mixed``: the step with ``samples`` added, eager coefficients (None when nothing
+    was admitted). ``stopped_by``: what ended the walk when it started -- ``"budget"``, ``"buffer"`` or
+    ``"pool_exhausted"``. ``budget``: the full :class:`StepBudget` when Δ was computed.
+    """
+
+    samples: tuple[FineTuneSample, ...]
+    delta: float
+    predicted_inference: float
+    predicted_mixed: float | None
+    reason: AdmissionReason
+    stopped_by: str | None = None
+    budget: StepBudget | None = None
+
+    @property
+    def admitted_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+
+_NAN = math.nan
+_input_ids = attrgetter("input_ids")
+# The pool is first read 16 samples at a time (most steps admit a handful); later blocks are sized from the
+# remaining budget, see Admission.decide.
+_FIRST_BLOCK = 16
+
+
+class Admission:
+    """Algorithm 1 bound to one job's model, SLOs and host capabilities.
+
+    Constructed by the core when a job starts (from ``host.capabilities()``), then :meth:`decide` is called
+    from ``on_schedule`` each step. ``decode_mode`` is ``host.graph_mode``: with it, the deferred decode
+    step D_wait of a non-mixed host is priced in the mode the host will really run it in; without it, the
+    slower mode is assumed. ``ft_only_budget_s`` caps a fine-tuning-only step (default: the TPOT SLO).
+    """
+
+    def __init__(
+        self,
+        model: LatencyModel,
+        slo: SLOConfig,
+        *,
+        mixed_batches: bool,
+        max_ft_tokens_per_step: int,
+        ft_only_budget_s: float | None = None,
+        decode_mode: Callable[[ProposedBatch], ExecutionMode] | None = None,
+    ) -> None:
+        if isinstance(max_ft_tokens_per_step, bool) or not isinstance(max_ft_tokens_per_step, int) \
+                or max_ft_tokens_per_step <= 0:
+            raise ValueError(f"max_ft_tokens_per_step must be a positive number of tokens, got "
+                             f"{max_ft_tokens_per_step!r}; use the host's "
+                             "HostCapabilities.max_finetune_tokens_per_step")
+        if ft_only_budget_s is not None and not (math.isfinite(ft_only_budget_s) and ft_only_budget_s > 0):
+            raise ValueError(f"ft_only_budget_s must be a positive number of seconds, got {ft_only_budget_s!r}; "
+                             "leave it as None to use the TPOT SLO")
+        if not isinstance(slo, SLOConfig):
+            raise TypeError(f"slo must be an SLOConfig, got {type(slo).__name__}")
+        self.model = model
+        self.slo = slo
+        self.mixed_batches = mixed_batches
+        self.max_ft_tokens_per_step = max_ft_tokens_per_step
+        self.ft_only_budget_s = ft_only_budget_s
+        self.decode_mode = decode_mode
+
+    def _deferred_mode(self, batch: ProposedBatch) -> ExecutionMode | None:
+        if self.decode_mode is None or self.mixed_batches:
+            return None
+        deferred = batch.deferred_decodes
+        if not deferred:
+            return None
+        probe = ProposedBatch(step_id=batch.step_id, now=batch.now, scheduled=deferred)
+        return self.decode_mode(probe)
+
+    def decide(
+        self,
+        batch: ProposedBatch,
+        *,
+        pool: AdmissionPool,
+        backward_running: bool,
+        buffer_free_tokens: int,
+    ) -> AdmissionDecision:
+        """Run Algorithm 1 for ``batch``; claims and returns the admitted samples. See the module docs."""
+        # Lines 2-4.
+        if backward_running:
+            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.BACKWARD_RUNNING)
+        if buffer_free_tokens <= 0:
+            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.BUFFER_FULL)
+        if len(pool) == 0:
+            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.POOL_EMPTY)
+
+        # Lines 5-7. An empty batch is a fine-tuning-only step, which is a prefill step on every host.
+        if not self.mixed_batches and batch.scheduled and not batch.has_prefill:
+            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.DECODE_ONLY_STEP)
+
+        model = self.model
+        if not model.is_ready:
+            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.NOT_CALIBRATED)
+
+        # Lines 8-10; the same pass collects the inference batch's shape.
+        budget = step_budget(batch, self.slo, model, mixed_batches=self.mixed_batches,
+                             deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
+        delta = budget.delta
+
+        # Lines 11-13, in the host's own mode. Σ(nᵢ+B_d)² = Σn² + 2·B_d·Σn + p·B_d², exact in integers.
+        p, lin, bd, kv = budget.num_prefill, budget.prefill_tokens, budget.num_decode, budget.kv_tokens
+        sum_sq = budget.prefill_sq + 2 * bd * lin + p * bd * bd
+        t_lin = lin + bd
+        mode = batch.mode
+        if p:
+            inference = eq1_time(model.eq1_coefficients(mode), sum_sq, t_lin, 0, kv)  # type: ignore[arg-type]
+        elif bd:
+            inference = eq2_time(model.eq2_coefficients(mode), bd, kv)  # type: ignore[arg-type]
+        else:
+            inference = 0.0
+        if inference > delta:
+            return AdmissionDecision((), delta, inference, None, AdmissionReason.NO_SLACK, budget=budget)
+
+        # Lines 14-22, eager coefficients. Both stopping tests are monotone in the number of samples taken
+        # (tokens grow; every coefficient is ≥ 0 and the integer features only grow, and IEEE rounding is
+        # monotone), so the sample-by-sample walk stops exactly where a bisection over prefix sums does.
+        # The pool is read in growing blocks and each block is settled with C-level prefix sums and a
+        # bisection: the same samples as the literal loop, at a fraction of the interpreter work when many
+        # short samples fit. Features are exact integers and the cost is evaluated with eq1_time's own
+        # expression, so predictions are bit-identical to LatencyModel.predict on the mixed batch.
+        coef = model.eq1_coefficients(ExecutionMode.EAGER)
+        a, b, g, e, c = coef  # type: ignore[misc]
+        ekv = e * kv
+        limit = buffer_free_tokens if buffer_free_tokens < self.max_ft_tokens_per_step else self.max_ft_tokens_per_step
+        admitted: list[FineTuneSample] = []
+        tokens = 0
+        stopped_by = "pool_exhausted"
+        source = pool.iter_by_length()
+        block_size = _FIRST_BLOCK
+        per_token = b + g  # every FT token adds at least β + γ (the quadratic term only adds more)
+        while True:
+            block = list(islice(source, block_size))
+            if not block:
+                break
+            lens = list(map(len, map(_input_ids, block)))
+            f_pre = list(accumulate(lens, initial=tokens))  # f_pre[j]: FT tokens with j more samples
+            shifted = list(map(add, lens, repeat(bd))) if bd else lens
+            s_pre = list(accumulate(map(mul, shifted, shifted), initial=sum_sq))
+            fits_buffer = bisect_right(f_pre, limit) - 1  # line 16: most samples of the block within S_max
+            lo, hi = 0, fits_buffer  # cost with lo samples is known to fit (lo = 0: the state before the block)
+            if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + c <= delta:
+                lo = hi
+            else:
+                hi -= 1  # the largest count still in question
+                while lo < hi:  # line 17: largest count whose mixed step stays within Δ
+                    mid = (lo + hi + 1) >> 1
+                    if a * s_pre[mid] + b * (t_lin + f_pre[mid]) + g * f_pre[mid] + ekv + c <= delta:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+            if lo:
+                admitted.extend(block[:lo])
+                tokens = f_pre[lo]
+                sum_sq = s_pre[lo]
+            if lo < len(block):
+                stopped_by = "buffer" if lo == fits_buffer else "budget"
+                break
+            # The whole block fitted. Size the next one to what can still fit: the remaining buffer and
+            # budget bound the tokens, and no later sample is shorter than this block's last one. (Only the
+            # amount read ahead depends on this estimate, never which samples are admitted.)
+            room = limit - tokens
+            if per_token > 0:
+                now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + c
+                room = min(room, int((delta - now_cost) / per_token) + 1)
+            block_size = max(1, room // lens[-1] + 1)
+
+        if not admitted:
+            reason = (AdmissionReason.SAMPLE_EXCEEDS_BUFFER if stopped_by == "buffer"
+                      else AdmissionReason.SAMPLE_EXCEEDS_BUDGET if stopped_by == "budget"
+                      else AdmissionReason.POOL_EMPTY)
+            return AdmissionDecision((), delta, inference, None, reason, stopped_by, budget)
+        samples = tuple(admitted)
+        pool.claim(samples)  # line 23
+        mixed = eq1_time(coef, sum_sq, t_lin + tokens, tokens, kv)  # type: ignore[arg-type]
+        return AdmissionDecision(samples, delta, inference, mixed, AdmissionReason.ADMITTED, stopped_by, budget)
+
+
+def admit(
+    batch: ProposedBatch,
+    *,
+    model: LatencyModel,
+    pool: AdmissionPool,
+    backward_running: bool,
+    buffer_free_tokens: int,
+    mixed_batches: bool,
+    slo: SLOConfig,
+    max_ft_tokens_per_step: int,
+    ft_only_budget_s: float | None = None,
+    decode_mode: Callable[[ProposedBatch], ExecutionMode] | None = None,
+) -> AdmissionDecision:
+    """One-shot form of :meth:`Admission.decide` (builds the :class:`Admission` each call; the class is
+    what the hot path should hold on to)."""
+    return Admission(model, slo, mixed_batches=mixed_batches, max_ft_tokens_per_step=max_ft_tokens_per_step,
+                     ft_only_budget_s=ft_only_budget_s, decode_mode=decode_mode).decide(
+        batch, pool=pool, backward_running=backward_running, buffer_free_tokens=buffer_free_tokens)
+
+
+_third = itemgetter(2)
+_order = itemgetter(0, 1)
+
+
+class InMemoryPool:
+    """A minimal :class:`AdmissionPool` over a list of samples, ordered by ``(num_tokens, sample_id)``.
+
+    Used by tests and the admission benchmark, and as the reference behaviour the fine-tuning data manager's
+    pool must match. Entries before ``_head`` are consumed; admission almost always claims the shortest
+    samples, so a claim usually just moves the head (O(k) C-level work, no per-sample bookkeeping), and
+    :meth:`release` of the latest claim (an aborted step) moves it back. Claims elsewhere are recorded in a
+    set and skipped lazily.
+    """
+
+    def __init__(self, samples: Sequence[FineTuneSample] = ()) -> None:
+        self._items: list[tuple[int, int, FineTuneSample]] = sorted(
+            ((s.num_tokens, s.sample_id, s) for s in samples), key=_order)
+        if len({t[1] for t in self._items}) != len(self._items):
+            raise ValueError("InMemoryPool: sample_id values must be unique")
+        self._claimed: set[int] = set()  # claimed ids whose entries are still at or after _head
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._items) - self._head - len(self._claimed)
+
+    def iter_by_length(self) -> Iterator[FineTuneSample]:
+        # C-level iterators: admission walks this on the critical path, a generator frame per item costs more.
+        live = map(_third, islice(self._items, self._head, None))
+        if not self._claimed:
+            return live
+        claimed = self._claimed
+        return filterfalse(lambda s: s.sample_id in claimed, live)
+
+    def _find(self, sample: FineTuneSample) -> int:
+        """Index of ``sample``'s live entry (at or after the head), or -1."""
+        key = (sample.num_tokens, sample.sample_id)
+        idx = bisect_left(self._items, key, lo=self._head, key=_order)
+        if idx < len(self._items) and self._items[idx][1] == sample.sample_id:
+            return idx
+        return -1
+
+    def claim(self, samples: Sequence[FineTuneSample]) -> None:
+        head, k = self._head, len(samples)
+        if not self._claimed and list(map(_third, self._items[head:head + k])) == list(samples):
+            self._head = head + k  # the usual case: admission took the shortest samples
+            self._maybe_compact()
+            return
+        for s in samples:
+            if self._find(s) < 0 or s.sample_id in self._claimed:
+                raise ValueError(f"fine-tuning sample {s.sample_id} is not in the pool (already claimed?)")
+            self._claimed.add(s.sample_id)
+        items = self._items
+        while self._head < len(items) and items[self._head][1] in self._claimed:
+            self._claimed.discard(items[self._head][1])
+            self._head += 1
+        self._maybe_compact()
+
+    def release(self, samples: Sequence[FineTuneSample]) -> None:
+        """Return claimed samples to the pool (they become admissible again, in length order)."""
+        head, k = self._head, len(samples)
+        if k and k <= head and list(map(_third, self._items[head - k:head])) == list(samples):
+            self._head = head - k  # undo of the latest prefix claim: the entries are still in place
+            return
+        for s in samples:
+            if s.sample_id in self._claimed:
+                self._claimed.discard(s.sample_id)
+                continue
+            if self._find(s) >= 0:
+                raise ValueError(f"fine-tuning sample {s.sample_id} is in the pool already; only claimed "
+                                 "samples can be released")
+            key = (s.num_tokens, s.sample_id)
+            self._items.insert(bisect_left(self._items, key, lo=self._head, key=_order),
+                               (s.num_tokens, s.sample_id, s))
+
+    def _maybe_compact(self) -> None:
+        # Consumed entries are dropped in bulk, rarely, so the common claim never pays for a list shift.
+        if self._head > 4096 and self._head * 2 > len(self._items):
+            del self._items[:self._head]
+            self._head = 0

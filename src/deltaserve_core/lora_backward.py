@@ -1,0 +1,459 @@
+"""The exact LoRA backward: layer-by-layer recomputation from saved layer inputs, then AdamW.
+
+What "exact" means here is fixed by :func:`plain_peft_step`, the reference every test compares against: one
+optimizer step per backward batch; each sample runs alone (no padding) through a transformers + PEFT model; the
+loss is transformers' own causal-LM loss over the sample's target tokens, summed over the batch and divided by the
+batch's total number of target tokens (``labels`` with ``-100`` on non-targets, ``num_items_in_batch`` = that
+total); ``torch.optim.AdamW`` steps once after all samples' gradients accumulated.
+
+:class:`LoraBackward` reaches the same gradients without the forward pass of that loop, because the host already
+ran it while serving: the input of every decoder layer for every sample was captured (see
+:mod:`deltaserve_core.activation_buffer`). It walks the layers top-down: the last layer is recomputed from its saved
+input, followed by the model's final norm, its output head and the loss, and back-propagated to get the gradient
+with respect to that layer's input plus the LoRA gradients of that layer; then layer ``L-2`` is recomputed from *its*
+saved input and back-propagated with that gradient as ``grad_output``; and so on down to layer 0. Only one layer's
+autograd graph exists at a time, and between layers (and between the samples of a layer) the process can be paused
+(the ``grant`` callable) so inference prefill gets the device within one layer's worth of work.
+
+Nothing here is specific to one model family: it runs the model's own decoder-layer modules with exactly the
+keyword arguments the model's own forward would pass them (rotary embeddings, causal/sliding masks per layer type),
+obtained by running the model's forward once per sequence length with the layers swapped for recording probes.
+LoRA is applied with forward hooks on the targeted ``nn.Linear`` modules that add ``B(A(x)) * scaling`` exactly as
+PEFT's ``lora.Linear`` does, so base weights are never copied or wrapped.
+
+Runs in whichever process owns the model: normally the backward process (:mod:`deltaserve_core.backward_process`),
+in-process in tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .activation_buffer import CapturedSample
+from .adapter_state import LoraAdapterState
+from .types import FineTuneSample
+
+__all__ = [
+    "TrainerConfig",
+    "StepResult",
+    "LoraBackward",
+    "BackwardBatcher",
+    "BackwardCancelled",
+    "plain_peft_step",
+    "decoder_parts",
+]
+
+_PEFT_PREFIX = "base_model.model."
+
+
+class BackwardCancelled(RuntimeError):
+    """Raised by a ``grant`` callable to abandon the batch in progress (its gradients are dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    """Optimiser and batching settings of the fine-tuning job (defaults: the paper's)."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    #: backward batch size in tokens: captured samples accumulate until they reach it (paper: 256)
+    backward_batch_tokens: int = 256
+    #: clip the global gradient norm before the step (``None``: no clipping, like the reference loop)
+    max_grad_norm: float | None = None
+    #: run the output head only on rows that predict a target token (prompt rows skip it). Same loss, but the
+    #: smaller matmul rounds differently (~1e-6 relative in gradients) and AdamW amplifies that on near-zero
+    #: gradient entries; default off so training is bit-identical to the plain PEFT loop. Saves the head's share of
+    #: the work on prompt tokens (large for small models with big vocabularies).
+    head_on_targets_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.backward_batch_tokens <= 0:
+            raise ValueError("TrainerConfig needs lr > 0 and backward_batch_tokens > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one optimizer step did; reported to the controller by the backward process."""
+
+    step: int
+    loss: float
+    sample_ids: tuple[int, ...]
+    tokens: int
+    target_tokens: int
+    duration_s: float
+    layer_times_s: tuple[float, ...] = field(default=(), repr=False)
+
+
+def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module, nn.Module, str]:
+    """``(decoder, layers, final_norm, lm_head, layers_path)`` of a transformers causal LM.
+
+    ``layers_path`` is the dotted path of the layer list inside ``model`` (``"model.layers"`` for Llama-style
+    families), which is how PEFT keys name the adapted modules.
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    norm = getattr(decoder, "norm", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if decoder is None or not isinstance(layers, nn.ModuleList) or norm is None or head is None:
+        raise NotImplementedError(
+            f"{type(model).__name__} does not look like a decoder-only causal LM with `.layers`, a final `.norm` "
+            "and an output head; DeltaServe's backward supports Llama-style families (Llama, Mistral, SmolLM2, Qwen2, Qwen3)"
+        )
+    cfg = getattr(model, "config", None)
+    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        value = getattr(cfg, attr, None)
+        if value not in (None, 1, 1.0):
+            raise NotImplementedError(
+                f"{type(model).__name__} post-processes logits ({attr}={value}); the backward's loss head does not "
+                "implement that yet"
+            )
+    path = next((name for name, mod in model.named_modules() if mod is layers), None)
+    if path is None:
+        raise NotImplementedError(f"could not locate the decoder layer list inside {type(model).__name__}")
+    return decoder, layers, norm, head, path
+
+
+class _Probe(nn.Module):
+    """Stands in for a decoder layer during one forward to record the keyword arguments the model passes it."""
+
+    def __init__(self, real: nn.Module, index: int, store: list[Any]) -> None:
+        super().__init__()
+        object.__setattr__(self, "_real", real)  # not a submodule: nothing of the layer runs
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_store", store)
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._store[self._index] = (args, kwargs)
+        return hidden_states
+
+    def __getattr__(self, name: str) -> Any:  # model forwards may read e.g. `layer.attention_type`
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "_real"), name)
+
+
+class LoraBackward:
+    """Trains a LoRA adapter on captured layer inputs; owns the trainable parameters and the optimizer.
+
+    Args:
+        model: the base causal LM. Its parameters get ``requires_grad=False``; otherwise it is left as it is, except
+            while a method of this class runs: LoRA forward hooks are attached to the targeted linears and, once per
+            new sequence length, the decoder's ``layers`` list is swapped for probes. So the same model *object* must
+            not run in another thread meanwhile (the backward process owns its own object over the shared weights).
+        adapter: initial adapter weights with PEFT keys. Its tensors become the trainable parameters *in place*
+            (``nn.Parameter`` shares their storage), so when they live in shared memory every process that maps them
+            sees each optimizer step.
+        config: optimizer/batching settings.
+
+    Created by the backward process at start-up (or by tests/benchmarks in-process). Not thread-safe: one
+    backward at a time.
+    """
+
+    def __init__(self, model: nn.Module, adapter: LoraAdapterState, config: TrainerConfig = TrainerConfig()) -> None:
+        self.model = model
+        self.config = config
+        self.lora = adapter.config
+        if adapter.config.lora_dropout:
+            # The host's forward (which produced every later layer's saved input) runs without dropout, so a
+            # dropout mask in the recompute could not be consistent with it: train without dropout, say so.
+            import warnings
+
+            warnings.warn(
+                f"lora_dropout={adapter.config.lora_dropout} is ignored: DeltaServe's forward runs inside the "
+                "inference engine, which applies no dropout, so the backward trains without it",
+                stacklevel=2,
+            )
+        self.adapter_name = adapter.name
+        self.base_model_path = adapter.base_model_path
+        self.decoder, self.layers, self.norm, self.head, self.layers_path = decoder_parts(model)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.num_layers = len(self.layers)
+        self.params: OrderedDict[str, nn.Parameter] = OrderedDict()
+        for key in sorted(adapter.tensors):
+            t = adapter.tensors[key]
+            self.params[key] = nn.Parameter(t.detach(), requires_grad=True)
+        # (module, A, B) per adapted linear; the layer index decides which recompute it belongs to
+        self._targets: list[tuple[nn.Module, nn.Parameter, nn.Parameter]] = []
+        for key in self.params:
+            if not key.endswith(".lora_A.weight"):
+                continue
+            bkey = key[: -len("A.weight")] + "B.weight"
+            if bkey not in self.params:
+                raise ValueError(f"adapter has {key} but no {bkey}")
+            path = key[len(_PEFT_PREFIX): -len(".lora_A.weight")] if key.startswith(_PEFT_PREFIX) else None
+            try:
+                module = model.get_submodule(path) if path else None
+            except AttributeError:
+                module = None
+            if not isinstance(module, nn.Linear):
+                raise ValueError(
+                    f"adapter key {key} names {path!r}, which is not an nn.Linear of {type(model).__name__}; "
+                    "was the adapter trained for another model?"
+                )
+            self._targets.append((module, self.params[key], self.params[bkey]))
+        if not self._targets:
+            raise ValueError("the adapter has no LoRA weights")
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, betas=config.betas,
+                                           eps=config.eps, weight_decay=config.weight_decay)
+        self.step = 0
+        #: on CUDA, synchronise after each unit so per-layer times include device work (the backward process turns
+        #: this on: it synchronises at every boundary anyway to bound preemption latency)
+        self.sync_timing = False
+        self._kwargs_cache: OrderedDict[int, list[tuple[tuple[Any, ...], dict[str, Any]]]] = OrderedDict()
+        self._probe_lock = threading.Lock()
+        first = next(iter(model.parameters()))
+        self.device = first.device
+        self.dtype = first.dtype
+
+    # ------------------------------------------------------------------------------------------ pieces
+
+    @contextlib.contextmanager
+    def lora_applied(self) -> Iterator[None]:
+        """Within the block, the model's targeted linears compute ``W x + B(A(x)) * scaling`` (PEFT's formula)."""
+        scaling = self.lora.scaling
+        handles = []
+        for module, a, b in self._targets:
+            def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: torch.Tensor,
+                     a: nn.Parameter = a, b: nn.Parameter = b) -> torch.Tensor:
+                x = args[0] if args else kwargs["input"]
+                if x.dtype != a.dtype:
+                    x = x.to(a.dtype)
+                return (out + F.linear(F.linear(x, a), b) * scaling).to(out.dtype)
+
+            handles.append(module.register_forward_hook(hook, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def layer_kwargs(self, num_tokens: int) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The ``(args, kwargs)`` the model's forward passes each decoder layer for one unpadded sequence.
+
+        Computed by running the model's own forward on zeros with the layers swapped for recording probes (cheap:
+        rotary embedding, mask construction and the final norm only), cached per length.
+        """
+        hit = self._kwargs_cache.get(num_tokens)
+        if hit is not None:
+            self._kwargs_cache.move_to_end(num_tokens)
+            return hit
+        store: list[Any] = [None] * self.num_layers
+        probes = nn.ModuleList([_Probe(layer, i, store) for i, layer in enumerate(self.layers)])
+        hidden = self.model.config.hidden_size
+        with self._probe_lock, torch.no_grad():
+            self.decoder.layers = probes
+            try:
+                embeds = torch.zeros(1, num_tokens, hidden, dtype=self.dtype, device=self.device)
+                self.decoder(inputs_embeds=embeds, use_cache=False)
+            finally:
+                self.decoder.layers = self.layers
+        if any(s is None for s in store):
+            raise NotImplementedError(f"{type(self.model).__name__}'s forward did not call every decoder layer")
+        self._kwargs_cache[num_tokens] = store
+        if len(self._kwargs_cache) > 32:  # eager attention keeps an [n, n] mask per entry
+            self._kwargs_cache.popitem(last=False)
+        return store
+
+    def _loss_sum(self, top_out: torch.Tensor, sample: CapturedSample, total_targets: int) -> torch.Tensor:
+        """Causal-LM loss of one sample's targets divided by the batch's target count (HF's formula)."""
+        mask = sample.loss_mask[1:].to(self.device, non_blocking=True)
+        ids = sample.input_ids.to(self.device, non_blocking=True)
+        if self.config.head_on_targets_only:
+            # only rows that predict a target go through the (vocabulary-sized) head: same loss up to rounding
+            pos = mask.nonzero().squeeze(1)
+            logits = self.head(self.norm(top_out[0].index_select(0, pos))).float()
+            return F.cross_entropy(logits, ids[1:].index_select(0, pos), reduction="sum") / total_targets
+        # every row through the head, as transformers does: keeps the result bit-identical to the reference loop
+        logits = self.head(self.norm(top_out)).float()[0]
+        labels = torch.where(mask, ids[1:], -100)
+        return F.cross_entropy(logits[:-1], labels, ignore_index=-100, reduction="sum") / total_targets
+
+    # ------------------------------------------------------------------------------------------ training
+
+    def backward(self, samples: Sequence[CapturedSample],
+                 grant: Callable[[], object] | None = None) -> tuple[float, tuple[float, ...]]:
+        """Accumulate the gradients of one backward batch into the LoRA parameters' ``.grad``.
+
+        The loss is normalised by the batch's total target tokens, so call it once per optimizer step with the
+        whole batch. ``grant`` is called at every boundary between units of work -- before each (layer, sample)
+        recompute+backward and before each sample's output head -- so a paused backward holds the device for at most
+        one layer of one sample; it blocks while inference holds the device and may raise
+        :class:`BackwardCancelled`. Returns ``(loss, seconds per layer summed over samples, pauses excluded)``; with
+        :attr:`sync_timing` on CUDA those include the device work, else only the launches.
+        """
+        total_targets = sum(s.num_targets for s in samples)
+        if total_targets == 0:
+            raise ValueError("backward batch has no target tokens (every loss_mask[1:] is False); nothing to train")
+        live = [s for s in samples if s.num_targets > 0]
+        kwargs = {n: self.layer_kwargs(n) for n in {s.num_tokens for s in live}}
+        grads: list[torch.Tensor | None] = [None] * len(live)
+        loss_acc = torch.zeros((), dtype=torch.float32, device=self.device)
+        layer_times = [0.0] * self.num_layers
+        top = self.num_layers - 1
+        sync = self.sync_timing and self.device.type == "cuda"
+        with torch.enable_grad(), self.lora_applied():
+            for li in range(top, -1, -1):
+                layer = self.layers[li]
+                need_input_grad = li > 0
+                for i, s in enumerate(live):
+                    if grant is not None:
+                        grant()
+                    t0 = time.perf_counter()
+                    x = s.hidden[li].to(self.device, non_blocking=True).detach().unsqueeze(0)
+                    if need_input_grad:
+                        x.requires_grad_(True)
+                    args, kw = kwargs[s.num_tokens][li]
+                    out = layer(x, *args, **kw)
+                    if isinstance(out, tuple):
+                        out = out[0]
+                    if li == top:
+                        # The head + loss is its own unit (for big vocabularies it costs more than a layer): cut the
+                        # graph at the layer output so the grant can be checked in between. The chain rule is
+                        # applied in the same order with the same tensors, so the result is bit-identical.
+                        h = out.detach().requires_grad_(True)
+                        loss = self._loss_sum(h, s, total_targets)
+                        loss.backward()
+                        loss_acc += loss.detach()
+                        if sync:
+                            torch.cuda.synchronize(self.device)
+                        layer_times[li] += time.perf_counter() - t0
+                        if grant is not None:
+                            grant()
+                        t0 = time.perf_counter()
+                        out.backward(h.grad)
+                    else:
+                        out.backward(grads[i])
+                    grads[i] = x.grad if need_input_grad else None
+                    if sync:
+                        torch.cuda.synchronize(self.device)
+                    layer_times[li] += time.perf_counter() - t0
+        return float(loss_acc), tuple(layer_times)
+
+    def optimizer_step(self) -> None:
+        """Apply AdamW to the accumulated gradients (in place on the shared adapter tensors)."""
+        if self.config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.step += 1
+
+    def train_step(self, samples: Sequence[CapturedSample], grant: Callable[[], object] | None = None) -> StepResult:
+        """One optimizer step over one backward batch: zero grads, :meth:`backward`, AdamW.
+
+        Called by the backward process for each ``train`` command. If ``grant`` raises, the gradients are dropped
+        and the adapter is unchanged.
+        """
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            loss, layer_times = self.backward(samples, grant)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        if grant is not None:
+            grant()
+        self.optimizer_step()
+        return StepResult(step=self.step, loss=loss, sample_ids=tuple(s.sample_id for s in samples),
+                          tokens=sum(s.num_tokens for s in samples),
+                          target_tokens=sum(s.num_targets for s in samples),
+                          duration_s=time.perf_counter() - t0, layer_times_s=layer_times)
+
+    # ------------------------------------------------------------------------------------------ state
+
+    def adapter_state(self, version: int | None = None, name: str | None = None) -> LoraAdapterState:
+        """A detached copy of the current weights (what the controller hands to ``set_finetune_adapter``)."""
+        return LoraAdapterState(name or self.adapter_name, self.step if version is None else version, self.lora,
+                                {k: p.detach().clone() for k, p in self.params.items()}, self.base_model_path)
+
+    def load_adapter_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the trainable weights in place (resume from a checkpoint)."""
+        missing = set(self.params) ^ set(tensors)
+        if missing:
+            raise ValueError(f"adapter keys differ from the trainer's: {sorted(missing)[:4]}")
+        with torch.no_grad():
+            for k, p in self.params.items():
+                p.copy_(tensors[k])
+
+    def optimizer_state(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: Mapping[str, Any], step: int) -> None:
+        self.optimizer.load_state_dict(dict(state))
+        self.step = int(step)
+
+    @torch.no_grad()
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Full forward of ``input_ids`` (``[n]``) with the current adapter; ``[n, vocab]`` logits. For tests/evals."""
+        with self.lora_applied():
+            return self.model(input_ids=input_ids.to(self.device)[None], use_cache=False).logits[0]
+
+
+class BackwardBatcher:
+    """Collects captured samples until they make a backward batch of ``batch_tokens`` tokens.
+
+    Used by the controller side of the backward process: every sample whose capture completed is added; a
+    returned list is one optimizer step's batch. Order is preserved (the exactness reference trains in the same
+    order).
+    """
+
+    def __init__(self, batch_tokens: int = 256) -> None:
+        self.batch_tokens = int(batch_tokens)
+        self._ids: list[int] = []
+        self._tokens = 0
+
+    @property
+    def pending_tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        return tuple(self._ids)
+
+    def add(self, sample_id: int, num_tokens: int) -> list[int] | None:
+        self._ids.append(int(sample_id))
+        self._tokens += int(num_tokens)
+        return self.flush() if self._tokens >= self.batch_tokens else None
+
+    def flush(self) -> list[int] | None:
+        if not self._ids:
+            return None
+        batch, self._ids, self._tokens = self._ids, [], 0
+        return batch
+
+    def clear(self) -> None:
+        self._ids, self._tokens = [], 0
+
+
+def plain_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer,
+                    samples: Sequence[FineTuneSample]) -> float:
+    """The reference training step that defines exactness (see the module docstring). Returns the batch loss.
+
+    Used by the exactness tests and the throughput benchmark; it is what a user would write with transformers and
+    PEFT: per-sample unpadded forward, HF's loss with ``num_items_in_batch``, one AdamW step per batch.
+    """
+    total_targets = sum(s.num_targets for s in samples)
+    device = next(peft_model.parameters()).device
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for s in samples:
+        ids = torch.tensor(s.input_ids, dtype=torch.long, device=device)[None]
+        labels = ids.clone()
+        labels[0, ~torch.tensor(s.loss_mask, device=device)] = -100
+        out = peft_model(input_ids=ids, labels=labels, num_items_in_batch=total_targets, use_cache=False)
+        out.loss.backward()
+        total += float(out.loss.detach())
+    optimizer.step()
+    return total

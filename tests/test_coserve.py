@@ -1,0 +1,170 @@
+"""End to end on the reference host: CoServer + admission + buffer + backward process + checkpoints.
+
+- exactness: the adapter after several optimizer steps equals a plain transformers + PEFT + AdamW loop over the same
+  batches (the controller records which samples formed each step), within 1e-5 relative (fp32);
+- client outputs are identical (greedy) to the host without DeltaServe and no fine-tuning row reaches a client;
+- faults: killing the backward process mid-run leaves inference untouched and training resumes from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from deltaserve_core.coserve import CoServer
+from deltaserve_core.driver import ClientRequest, HostConfig
+from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
+from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients
+from deltaserve_core.registry import create_host
+from deltaserve_core.types import ExecutionMode
+
+TOL = 1e-5
+
+_TOPICS = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    records = [{"instruction": f"Write one sentence about {t}.", "input": "",
+                "output": f"Here is a short sentence about {t}, written plainly."} for t in _TOPICS * 3]
+    records.insert(4, {"instruction": "", "output": 7})  # malformed: counted and reported, never fatal
+    path = tmp_path_factory.mktemp("data") / "train.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def host(tiny_model: Path):  # noqa: ANN201
+    h = create_host("reference", HostConfig(model=str(tiny_model)))
+    yield h
+    h.shutdown()
+
+
+def _model() -> LatencyModel:
+    # Generous fixed coefficients: these tests are about exactness and faults, not pricing.
+    m = LatencyModel()
+    m.set_coefficients(ExecutionMode.EAGER, prefill=PrefillCoefficients(1e-9, 1e-6, 1e-6, 1e-9, 1e-3),
+                       decode=DecodeCoefficients(1e-5, 1e-9, 1e-3))
+    return m
+
+
+def _job(dataset: Path, tmp: Path, **over) -> JobConfig:  # noqa: ANN003
+    base = dict(dataset=str(dataset), max_length=64, buffer_tokens=512, backward_batch_tokens=96,
+                slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), checkpoint=CheckpointSpec(dir=str(tmp / "ckpt"), every_steps=2),
+                publish=PublishSpec(policy="on_checkpoint"), seed=3)
+    base.update(over)
+    return JobConfig(**base)
+
+
+def _drive(host, co: CoServer, requests: list[ClientRequest], until_steps: int, timeout: float = 240.0) -> dict:  # noqa: ANN001
+    """Serve ``requests`` and idle-step until the job has made ``until_steps`` optimizer steps."""
+    outputs = {o.request_id: o for o in host.generate(requests)} if requests else {}
+    deadline = time.monotonic() + timeout
+    while co.stats.optimizer_steps < until_steps:
+        assert time.monotonic() < deadline, f"only {co.stats.optimizer_steps} optimizer steps in {timeout} s"
+        if not host.run_idle_step():
+            co.poll()
+            time.sleep(0.005)
+    return outputs
+
+
+def _requests(n: int, seed: int) -> list[ClientRequest]:
+    g = torch.Generator().manual_seed(seed)
+    return [ClientRequest(f"c{seed}-{i}", tuple(torch.randint(5, 400, (6 + i,), generator=g).tolist()), 6)
+            for i in range(n)]
+
+
+@pytest.mark.exactness
+def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from deltaserve_core.lora_backward import plain_peft_step
+
+    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), backward_threads=1)
+    assert co.dataset.report.malformed == 1
+    with co:
+        _drive(host, co, _requests(3, 0), until_steps=3)
+        co.poll()
+        final = {k: v.clone() for k, v in co.backward.adapter_snapshot().tensors.items()}
+        batches = list(co.stats.trained_batches)
+        init = co.initial_adapter
+    samples = {s.sample_id: s for s in co.dataset.samples}
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    cfg = co.job.lora
+    ref = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
+                                          lora_dropout=0.0, task_type="CAUSAL_LM"))
+    set_peft_model_state_dict(ref, dict(init.tensors))
+    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=co.job.lr, weight_decay=co.job.weight_decay)
+    for batch in batches[: len(batches)]:
+        plain_peft_step(ref, opt, [samples[i] for i in batch])
+    ref_w = {n.replace(".default", ""): p.detach() for n, p in ref.named_parameters() if "lora_" in n}
+    worst = max((final[k] - ref_w[k]).abs().max().item() / max(ref_w[k].abs().max().item(), 1e-12) for k in ref_w)
+    moved = max((final[k] - init.tensors[k]).abs().max().item() for k in ref_w)
+    assert moved > 0, "training did not change the adapter"
+    assert worst <= TOL, f"adapter after {len(batches)} steps differs from plain PEFT by {worst:.3g} (relative)"
+
+
+def test_coserving_keeps_client_outputs_and_learns(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    requests = _requests(6, 1)
+    baseline = {o.request_id: o.token_ids for o in host.generate(requests)}
+    co = CoServer(host, _job(dataset, tmp_path, epochs=2), latency_model=_model(), backward_threads=1)
+    with co:
+        submitted = []
+        outputs = {}
+        for r in requests:  # interleave arrivals with fine-tuning-only idle steps
+            host.submit(r)
+            submitted.append(r.request_id)
+            for o in host.step():
+                outputs[o.request_id] = o
+            host.run_idle_step()
+        while host.has_unfinished():
+            for o in host.step():
+                outputs[o.request_id] = o
+        _drive(host, co, [], until_steps=6)
+        stats = co.stats.as_dict()
+    assert sorted(outputs) == sorted(submitted), "an output reached a client that no client asked for"
+    assert {k: v.token_ids for k, v in outputs.items()} == baseline
+    assert stats["steps_with_finetune"] > 0 and stats["finetune_only_steps"] > 0
+    first, last = stats["losses"][:2], stats["losses"][-2:]
+    assert sum(last) < sum(first), f"loss did not decrease: {stats['losses']}"
+    assert stats["published"], "on_checkpoint publishing never published"
+    published = stats["published"][-1]
+    out = host.generate([ClientRequest("pub", requests[0].prompt_ids, 4, adapter=published)])
+    assert len(out[0].token_ids) == 4
+
+
+@pytest.mark.faults
+def test_backward_crash_is_recovered_without_touching_inference(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    requests = _requests(4, 2)
+    baseline = {o.request_id: o.token_ids for o in host.generate(requests)}
+    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), backward_threads=1)
+    with co:
+        _drive(host, co, [], until_steps=3)
+        while not co.stats.checkpoints:
+            co.poll()
+            time.sleep(0.01)
+        done_at_checkpoint = None
+        os.kill(co.backward.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        served = {o.request_id: o.token_ids for o in host.generate(requests)}  # while the backward is down
+        served_s = time.monotonic() - t0
+        assert served == baseline
+        deadline = time.monotonic() + 120
+        while co.stats.backward_failures == 0 or co._recovering is not None:
+            assert time.monotonic() < deadline, "the crash was never detected/recovered"
+            co.poll()
+            time.sleep(0.01)
+        steps_before = co.stats.optimizer_steps
+        _drive(host, co, [], until_steps=steps_before + 2)
+        assert co.backward.health().alive
+    assert co.stats.backward_failures == 1
+    assert served_s < 30
+    del done_at_checkpoint

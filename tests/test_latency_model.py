@@ -1,0 +1,297 @@
+"""Latency model: Equations I/II by hand, NNLS recovery of known coefficients, online refit, fallbacks, JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deltaserve_core.latency_model import (
+    DecodeCoefficients,
+    Equation,
+    LatencyModel,
+    LatencyModelNotFitted,
+    PrefillCoefficients,
+    eq1_time,
+    eq2_time,
+    prefill_features,
+)
+from deltaserve_core.types import ExecutionMode, ProposedBatch, ScheduledRequest, StepRecord
+
+G, E = ExecutionMode.GRAPH, ExecutionMode.EAGER
+
+P_GRAPH = PrefillCoefficients(alpha=2e-8, beta=5e-5, gamma=0.0, eps=2e-8, c=0.004)
+D_GRAPH = DecodeCoefficients(beta=5e-5, eps=2e-8, c=0.006)
+P_EAGER = PrefillCoefficients(alpha=2.4e-8, beta=6e-5, gamma=2e-5, eps=2.4e-8, c=0.02)
+D_EAGER = DecodeCoefficients(beta=6e-5, eps=2.4e-8, c=0.02)
+TRUE = {G: (P_GRAPH, D_GRAPH), E: (P_EAGER, D_EAGER)}
+
+
+def true_time(mode, prefill, bd, kv, ft):
+    p, d = TRUE[mode]
+    if prefill or ft:
+        return eq1_time(p.as_tuple(), *prefill_features(prefill, bd, kv, ft))
+    return eq2_time(d.as_tuple(), bd, kv)
+
+
+def synthetic_records(rng: random.Random, n: int = 240, noise: float = 0.0, outliers: float = 0.0,
+                      truth=true_time) -> list[StepRecord]:
+    """Varied shapes in both modes and both equations; FT rows only in eager steps (as on a real host)."""
+    out = []
+    for i in range(n):
+        mode = G if i % 2 else E
+        kind = i % 6
+        prefill: tuple[int, ...] = ()
+        ft: tuple[int, ...] = ()
+        bd = kv = 0
+        if kind in (0, 1):  # decode-only
+            bd = rng.randint(1, 128)
+            kv = bd * rng.randint(16, 2048)
+        elif kind in (2, 3):  # prefill, sometimes split, sometimes with decodes
+            total = rng.choice([64, 256, 1024, 2048])
+            k = rng.choice([1, 2, 4, 8])
+            prefill = tuple([total // k] * k)
+            if rng.random() < 0.5:
+                bd = rng.randint(1, 32)
+                kv = bd * rng.randint(16, 1024)
+        else:  # fine-tuning rows (eager) or plain prefill (graph)
+            prefill = (rng.choice([0, 128, 512]),) if rng.random() < 0.7 else ()
+            prefill = tuple(x for x in prefill if x)
+            if mode is E:
+                ft = tuple(rng.choice([64, 256, 512]) for _ in range(rng.randint(1, 6)))
+            else:
+                prefill = prefill or (rng.randint(16, 2048),)
+            if rng.random() < 0.3:
+                bd = rng.randint(1, 16)
+                kv = bd * rng.randint(16, 1024)
+        y = truth(mode, prefill, bd, kv, ft) * (1 + rng.gauss(0, noise))
+        if rng.random() < outliers:
+            y *= rng.choice([3.0, 0.3])
+        out.append(StepRecord(step_id=i, start_time=0.0, duration_s=y, mode=mode, prefill_lengths=prefill,
+                              num_decode=bd, kv_tokens=kv, finetune_lengths=ft))
+    return out
+
+
+def assert_coefficients_close(model: LatencyModel, rel: float = 0.01) -> None:
+    for mode, (p, d) in TRUE.items():
+        got_p = model.coefficients(mode, Equation.PREFILL)
+        got_d = model.coefficients(mode, Equation.DECODE)
+        for want, got in ((p, got_p), (d, got_d)):
+            for w, g in zip(want.as_tuple(), got.as_tuple()):
+                assert g == pytest.approx(w, rel=rel, abs=1e-12), (mode, want, got)
+
+
+def hand_model() -> LatencyModel:
+    m = LatencyModel()
+    m.set_coefficients(G, prefill=P_GRAPH, decode=D_GRAPH)
+    m.set_coefficients(E, prefill=P_EAGER, decode=D_EAGER)
+    return m
+
+
+# ------------------------------------------------------------------------------------------------ equations
+
+
+def test_equation_one_by_hand_with_finetune_rows_as_prefill_rows():
+    m = hand_model()
+    a, b, g, e, c = P_EAGER.as_tuple()
+    # prompts 100 and 50, 2 decodes reading 300 KV tokens, one 30-token FT sample
+    want = a * ((100 + 2) ** 2 + (50 + 2) ** 2 + (30 + 2) ** 2) + b * (100 + 50 + 30 + 2) + g * 30 + e * 300 + c
+    assert m.predict((100, 50), 2, 300, (30,), E) == pytest.approx(want, rel=1e-12)
+    # an FT-only step is Equation I too
+    assert m.predict((), 0, 0, (40,), E) == pytest.approx(a * 40 * 40 + b * 40 + g * 40 + c, rel=1e-12)
+
+
+def test_equation_two_by_hand():
+    m = hand_model()
+    b, e, c = D_GRAPH.as_tuple()
+    assert m.predict((), 8, 4000, (), G) == pytest.approx(b * 8 + e * 4000 + c, rel=1e-12)
+
+
+def test_predict_batch_matches_predict_and_picks_mode():
+    m = hand_model()
+    batch = ProposedBatch(step_id=1, now=10.0, mode=G, scheduled=(
+        ScheduledRequest("a", 9.0, prefill_tokens=100),
+        ScheduledRequest("b", 1.0, context_tokens=700, first_token_time=2.0, last_token_time=9.9),
+        ScheduledRequest("c", 1.0, context_tokens=300, first_token_time=2.0, last_token_time=9.9),
+    ))
+    assert m.predict_batch(batch) == m.predict((100,), 2, 1000, (), G)  # host's own mode without FT
+    assert m.predict_batch(batch, (64, 32)) == m.predict((100,), 2, 1000, (64, 32), E)  # FT forces eager
+    assert m.predict_batch(batch, (64,), mode=G) == m.predict((100,), 2, 1000, (64,), G)
+
+
+def test_negative_coefficients_refused():
+    with pytest.raises(ValueError, match="alpha"):
+        PrefillCoefficients(alpha=-1.0, beta=0, gamma=0, eps=0, c=0)
+    with pytest.raises(ValueError, match="c must be"):
+        DecodeCoefficients(beta=1.0, eps=0.0, c=math.nan)
+
+
+# ------------------------------------------------------------------------------------------------- fitting
+
+
+@settings(max_examples=15, deadline=None)
+@given(scale=st.lists(st.floats(0.2, 5.0), min_size=8, max_size=8), seed=st.integers(0, 2**16))
+def test_fit_recovers_known_coefficients_within_one_percent(scale, seed):
+    """Noise-free records from random (positive) coefficients: NNLS recovers every one within 1 %."""
+    p = PrefillCoefficients(alpha=2e-8 * scale[0], beta=5e-5 * scale[1], gamma=2e-5 * scale[2],
+                            eps=2e-8 * scale[3], c=0.01 * scale[4])
+    d = DecodeCoefficients(beta=5e-5 * scale[5], eps=2e-8 * scale[6], c=0.01 * scale[7])
+
+    def truth(mode, prefill, bd, kv, ft):
+        if prefill or ft:
+            return eq1_time(p.as_tuple(), *prefill_features(prefill, bd, kv, ft))
+        return eq2_time(d.as_tuple(), bd, kv)
+
+    m = LatencyModel()
+    m.fit(synthetic_records(random.Random(seed), n=120, truth=truth))
+    for got, want in ((m.coefficients(E, Equation.PREFILL), p), (m.coefficients(E, Equation.DECODE), d),
+                      (m.coefficients(G, Equation.DECODE), d)):
+        for g_, w in zip(got.as_tuple(), want.as_tuple()):
+            assert g_ == pytest.approx(w, rel=0.01)
+    graph_p = m.coefficients(G, Equation.PREFILL)  # graph steps never carry FT: γ stays 0 there
+    assert graph_p.gamma == 0.0
+    assert graph_p.alpha == pytest.approx(p.alpha, rel=0.01) and graph_p.c == pytest.approx(p.c, rel=0.01)
+
+
+def test_fit_trims_outliers():
+    """5 % of steps 3x slower or faster (stragglers, clock glitches) do not move the fit."""
+    m = LatencyModel()
+    quality = m.fit(synthetic_records(random.Random(1), n=400, outliers=0.05))
+    assert_coefficients_close(m, rel=0.01)
+    assert sum(q.dropped for q in quality.values()) >= 10
+
+
+def test_fit_with_small_noise():
+    """0.1 % timing noise: the coefficients that carry most of a step's time stay within 1 % (ε of Equation I,
+    a sliver of these steps, is only weakly identified by noisy data) and predictions stay at the noise level."""
+    m = LatencyModel()
+    quality = m.fit(synthetic_records(random.Random(2), n=1200, noise=0.001))
+    for mode, (p, d) in TRUE.items():
+        got_p = m.coefficients(mode, Equation.PREFILL)
+        got_d = m.coefficients(mode, Equation.DECODE)
+        for name in ("alpha", "beta", "c"):
+            assert getattr(got_p, name) == pytest.approx(getattr(p, name), rel=0.01)
+        for name in ("beta", "eps", "c"):
+            assert getattr(got_d, name) == pytest.approx(getattr(d, name), rel=0.01)
+    assert m.coefficients(E, Equation.PREFILL).gamma == pytest.approx(P_EAGER.gamma, rel=0.01)
+    for q in quality.values():
+        assert q.mape < 0.002 and q.p95_ape < 0.004
+    for q in m.evaluate(synthetic_records(random.Random(3), n=200)).values():  # noise-free held-out truth
+        assert q.mape < 0.001
+
+
+def test_quality_report_on_held_out_records():
+    m = LatencyModel()
+    m.fit(synthetic_records(random.Random(3), n=300, noise=0.01))
+    held_out = m.evaluate(synthetic_records(random.Random(4), n=200, noise=0.01))
+    assert set(held_out) == {G, E}
+    for q in held_out.values():
+        assert q.n == 100 and 0.003 < q.mape < 0.02 and q.p95_ape < 0.04 and q.dropped == 0
+
+
+def test_unusable_records_are_skipped():
+    m = LatencyModel()
+    good = synthetic_records(random.Random(5), n=60)
+    bad = [
+        StepRecord(1000, 0.0, 0.0, E, (10,)),  # zero duration
+        StepRecord(1001, 0.0, -1.0, E, (10,)),
+        StepRecord(1002, 0.0, math.inf, E, (10,)),
+        StepRecord(1003, 0.0, 0.001, E, (), finetune_lengths=(64,), aborted_sample_ids=(3,)),  # stopped early
+    ]
+    m.fit(good + bad)
+    assert m.skipped_records == 4
+    assert not m.observe(bad[0])
+    assert m.skipped_records == 5
+
+
+def test_online_refit_tracks_drift():
+    """After calibration the device slows by 40 %; the rolling window refits and follows it."""
+    m = LatencyModel(window=600, refit_every=100)
+    m.fit(synthetic_records(random.Random(6), n=120))
+    slower = synthetic_records(random.Random(7), n=1200,
+                               truth=lambda *a: 1.4 * true_time(*a))
+    refits = sum(m.observe(r) for r in slower)
+    assert refits >= 8
+    for r in synthetic_records(random.Random(8), n=40):
+        want = 1.4 * true_time(r.mode, r.prefill_lengths, r.num_decode, r.kv_tokens, r.finetune_lengths)
+        got = m.predict(r.prefill_lengths, r.num_decode, r.kv_tokens, r.finetune_lengths, r.mode)
+        assert got == pytest.approx(want, rel=0.02)
+
+
+def test_refit_every_zero_only_refits_on_request():
+    m = LatencyModel(refit_every=0)
+    m.fit(synthetic_records(random.Random(9), n=120))
+    before = m.predict((512,), 0, 0, (), E)
+    assert not any(m.observe(r) for r in synthetic_records(random.Random(10), n=200,
+                                                             truth=lambda *a: 2 * true_time(*a)))
+    assert m.predict((512,), 0, 0, (), E) == before
+    m.refit()
+    assert m.predict((512,), 0, 0, (), E) == pytest.approx(2 * before, rel=0.1)
+
+
+# ----------------------------------------------------------------------------------------------- fallbacks
+
+
+def test_fallbacks_are_explicit():
+    m = LatencyModel()
+    assert not m.is_ready
+    with pytest.raises(LatencyModelNotFitted, match="calibrat"):
+        m.predict((10,), 0, 0, (), E)
+    m.set_coefficients(E, prefill=P_EAGER)
+    assert m.is_ready
+    # graph borrows eager (over-estimates: safe), decode uses Equation I without prefill rows
+    assert m.source(G, Equation.PREFILL).startswith("fallback:eager")
+    assert m.source(E, Equation.DECODE).startswith("fallback:prefill")
+    assert m.predict((100,), 0, 0, (), G) == m.predict((100,), 0, 0, (), E)
+    a, b, g, e, c = P_EAGER.as_tuple()
+    assert m.predict((), 4, 100, (), E) == pytest.approx(b * 4 + e * 100 + c)
+    m.set_coefficients(G, decode=D_GRAPH)
+    assert m.source(E, Equation.DECODE).startswith("fallback:graph")
+    assert m.source(G, Equation.DECODE) == "set"
+
+
+def test_eager_borrowing_graph_warns():
+    records = [r for r in synthetic_records(random.Random(11), n=120) if r.mode is G]
+    with pytest.warns(RuntimeWarning, match="eager"):
+        LatencyModel().fit(records)
+
+
+def test_min_prefill_time_is_a_lower_bound_over_modes():
+    m = hand_model()
+    for n in (1, 17, 512, 4096):
+        assert m.min_prefill_time(n) <= min(m.predict((n,), 0, 0, (), mode) for mode in (G, E)) + 1e-15
+
+
+# --------------------------------------------------------------------------------------------- persistence
+
+
+def test_json_round_trip():
+    m = LatencyModel(window=100, refit_every=10)
+    m.fit(synthetic_records(random.Random(12), n=120, noise=0.01))
+    m.set_coefficients(G, decode=D_GRAPH)
+    data = json.loads(json.dumps(m.to_dict(), allow_nan=False))
+    back = LatencyModel.from_dict(data)
+    assert back.window == 100 and back.refit_every == 10
+    for mode in (G, E):
+        for eq in Equation:
+            assert back.coefficients(mode, eq) == m.coefficients(mode, eq)
+            assert back.source(mode, eq) == m.source(mode, eq)
+            assert back.equation_quality(mode, eq) == m.equation_quality(mode, eq) or \
+                math.isnan(m.equation_quality(mode, eq).mape)
+    with pytest.raises(ValueError, match="format"):
+        LatencyModel.from_dict({"format": "something else"})
+    with pytest.raises(ValueError, match="version"):
+        LatencyModel.from_dict({**data, "version": 99})
+
+
+def test_invalid_configuration_refused():
+    with pytest.raises(ValueError, match="window"):
+        LatencyModel(window=0)
+    with pytest.raises(ValueError, match="min_records"):
+        LatencyModel(min_records=2)
+    with pytest.raises(ValueError, match="anchor_weight"):
+        LatencyModel(anchor_weight=0)
