@@ -1,0 +1,269 @@
+"""``deltaserve calibrate``: profile a host, fit its latency model, save the profile for reuse.
+
+Who calls it: :mod:`deltaserve_core.cli` wires :func:`add_calibrate_arguments` into its ``calibrate``
+sub-command and calls :func:`run_calibrate`; ``benchmarks/latency_model.py`` reuses :func:`resolve_model`
+so ``tiny`` / ``smollm2`` mean the same checkpoint in both places.
+
+Errors that are the user's to fix (unknown host, a model path that is not a checkpoint, a CUDA device on a
+machine without one, non-positive sweep limits) are raised as ``ValueError`` / ``FileNotFoundError`` /
+the registry's ``UnknownHostError`` *before* anything heavy starts; ``cli.main`` prints them as one line
+and exits with status 2.
+
+Reuse: a stored profile is keyed by (host, engine version, model, device, dtype) only, not by the sweep
+limits it was measured with. A profile calibrated on short prompts would extrapolate Equation I's quadratic
+term to long ones, so before reusing a stored profile this command checks that its records reach the
+requested limits and recalibrates (saying why) when they do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MODEL_SHORTCUTS",
+    "add_calibrate_arguments",
+    "run_calibrate",
+    "resolve_model",
+    "check_device",
+    "profile_covers",
+]
+
+#: ``--model`` values that name a checkpoint this package can build or fetch itself.
+MODEL_SHORTCUTS = ("tiny", "smollm2")
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def resolve_model(model: str) -> Path:
+    """The checkpoint folder ``--model`` names.
+
+    ``tiny`` builds (once) the random-weight Llama of :func:`~deltaserve_core.testing.tiny_model.build_tiny_llama`
+    under the DeltaServe cache (``$DELTASERVE_CACHE``, else ``~/.cache/deltaserve``); ``smollm2`` is
+    :func:`~deltaserve_core.assets.smollm2_model_path` (fetched and converted on first use). Anything else
+    must be an existing folder with a ``config.json``; otherwise ``FileNotFoundError`` says what was wrong.
+    """
+    if model == "tiny":
+        from .assets import cache_dir
+        from .testing.tiny_model import build_tiny_llama
+
+        return build_tiny_llama(cache_dir() / "models" / "tiny-llama")
+    if model == "smollm2":
+        from .assets import smollm2_model_path
+
+        return smollm2_model_path()
+    path = Path(model).expanduser()
+    hint = (f"pass a checkpoint folder (config.json + weights, as written by save_pretrained) or one of the "
+            f"shortcuts {', '.join(MODEL_SHORTCUTS)}")
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist; {hint}")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a checkpoint folder (no config.json); {hint}")
+    return path.resolve()
+
+
+def check_device(device: str) -> None:
+    """Refuse a device this machine does not have, before the host loads weights onto it."""
+    if device == "cpu":
+        return
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but CUDA is not available here; use --device cpu")
+        if ":" in device:
+            index = device.split(":", 1)[1]
+            if not index.isdigit() or int(index) >= torch.cuda.device_count():
+                raise ValueError(f"device {device!r} does not exist; this machine has "
+                                 f"{torch.cuda.device_count()} CUDA device(s)")
+        return
+    raise ValueError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``calibrate`` options to ``parser`` (called by :func:`deltaserve_core.cli.build_parser`)."""
+    parser.add_argument("--host", default="reference", help="registered host name (see `deltaserve hosts`)")
+    parser.add_argument("--model", default="tiny",
+                        help="checkpoint folder, or a shortcut: 'tiny' (random-weight test Llama, built locally) "
+                             "or 'smollm2' (SmolLM2-135M-Instruct, fetched on first use)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=_DTYPES)
+    parser.add_argument("--force", action="store_true",
+                        help="recalibrate even when a stored profile matches this host, model, device and dtype")
+    parser.add_argument("--store", type=Path, default=None, metavar="DIR",
+                        help="profile directory (default: $DELTASERVE_PROFILE_DIR or ~/.cache/deltaserve/profiles)")
+    parser.add_argument("--max-prefill", type=int, default=2048, metavar="TOKENS",
+                        help="largest prompt tokens per step in the sweep (the host's per-step token budget)")
+    parser.add_argument("--max-decode", type=int, default=64, metavar="N", help="largest decode batch in the sweep")
+    parser.add_argument("--max-kv", type=int, default=65536, metavar="TOKENS",
+                        help="largest total KV tokens of a decode batch in the sweep")
+    parser.add_argument("--max-ft", type=int, default=None, metavar="TOKENS",
+                        help="largest fine-tuning tokens per step (default: the host's limit)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
+                        help="also write the fit quality and coefficients as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+
+
+def profile_covers(profile: Any, max_prefill: int, max_decode: int, max_kv: int, max_ft: int | None) -> list[str]:
+    """What the requested sweep limits reach that ``profile``'s records do not (empty: it covers them).
+
+    Called before reusing a stored profile. The comparison allows the sweep's own rounding (a limit is
+    covered when some record reaches at least 90 % of it): :func:`~deltaserve_core.calibration.build_sweep`
+    splits and caps values, so records rarely hit a limit exactly.
+    """
+    records = profile.records
+    reach = {
+        "prefill tokens per step": max((sum(r.prefill_lengths) for r in records), default=0),
+        "decode batch": max((r.num_decode for r in records), default=0),
+        "KV tokens": max((r.kv_tokens for r in records), default=0),
+        "fine-tuning tokens per step": max((sum(r.finetune_lengths) for r in records), default=0),
+    }
+    wanted = {"prefill tokens per step": max_prefill, "decode batch": max_decode, "KV tokens": max_kv,
+              "fine-tuning tokens per step": max_ft or 0}
+    return [f"{name} {wanted[name]} (profile reaches {reach[name]})" for name in wanted
+            if wanted[name] and reach[name] < 0.9 * wanted[name]]
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    for flag in ("max_prefill", "max_decode", "max_kv"):
+        value = getattr(args, flag)
+        if value is None or value <= 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
+    if args.max_ft is not None and args.max_ft < 0:
+        raise ValueError(f"--max-ft must be >= 0, got {args.max_ft}")
+    if args.max_prefill < 2:
+        raise ValueError("--max-prefill must be at least 2 tokens")
+
+
+def _quality_dict(q: Any) -> dict[str, Any] | None:
+    return None if q is None else q.to_dict()
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """Create the host, load or run its calibration, print the fit quality; returns the exit status.
+
+    Called by ``deltaserve calibrate``. Raises ``ValueError`` / ``FileNotFoundError`` / ``UnknownHostError``
+    for input the user must fix (``cli.main`` turns them into one line and status 2); a failing profiling
+    step surfaces as :class:`~deltaserve_core.calibration.CalibrationError`, which is reported here with
+    status 1 because it is the host's failure, not the command line's.
+    """
+    from .calibration import CalibrationError, ProfileKey, ProfileStore, format_quality, load_or_calibrate
+    from .driver import HostConfig
+    from .registry import create_host, get_host_spec
+    from .types import ExecutionMode
+
+    _check_limits(args)
+    spec = get_host_spec(args.host)  # unknown host: fail before building or loading a model
+    problem = spec.version_problem()
+    if problem:
+        raise ValueError(f"host {args.host!r}: {problem}")
+    check_device(args.device)
+    model_path = resolve_model(args.model)
+
+    # The host's per-step token budget must admit the sweep's largest prompt; never shrink its default.
+    config = HostConfig(model=str(model_path), device=args.device, dtype=args.dtype,
+                        max_batch_tokens=max(2048, args.max_prefill))
+    host = create_host(args.host, config)
+    try:
+        host_modes = host.capabilities().graph_modes
+        store = ProfileStore(args.store)
+        key = ProfileKey.for_host(host)
+        force = bool(args.force)
+        reused = False
+        if not force:
+            stored = store.load(key)
+            if stored is not None:
+                gaps = profile_covers(stored, args.max_prefill, args.max_decode, args.max_kv, args.max_ft)
+                if gaps:
+                    print(f"stored profile {store.path_for(key)} does not cover the requested "
+                          f"{'; '.join(gaps)}: recalibrating", file=sys.stderr)
+                    force = True
+                else:
+                    reused = True
+        started = time.perf_counter()
+        try:
+            profile = load_or_calibrate(host, store, force=force, progress=not args.no_progress,
+                                        max_prefill_tokens=args.max_prefill, max_decode_batch=args.max_decode,
+                                        max_kv=args.max_kv, max_ft_tokens=args.max_ft)
+        except CalibrationError as exc:
+            print(f"deltaserve calibrate: {exc}", file=sys.stderr)
+            return 1
+        elapsed = time.perf_counter() - started
+    finally:
+        host.shutdown()
+
+    path = store.path_for(key)
+    print(format_quality(profile))
+    print()
+    for mode in ExecutionMode:
+        q = profile.quality.get(mode)
+        if q is None:
+            continue
+        print(f"{mode.value}: in-sample MAPE {_pct(q.mape)}, p95 {_pct(q.p95_ape)}, n={q.n}"
+              + (f" ({q.dropped} outliers excluded)" if q.dropped else ""))
+    if reused:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(profile.created_at))
+        print(f"reused the stored profile from {when}: {path} (--force recalibrates)")
+    else:
+        print(f"profile saved to {path} ({len(profile.records)} steps, {elapsed:.1f}s)")
+
+    if args.json is not None:
+        _write_json(args.json, _summary(profile, path, reused, args, model_path, host_modes))
+        print(f"summary written to {args.json}")
+    return 0
+
+
+def _summary(profile: Any, path: Path, reused: bool, args: argparse.Namespace, model_path: Path,
+             host_modes: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from .latency_model import Equation
+    from .types import ExecutionMode
+
+    modes: dict[str, Any] = {}
+    for mode in ExecutionMode:
+        if mode not in host_modes:
+            continue  # the other mode's fallback coefficients are never used on this host
+        q = profile.quality.get(mode)
+        equations = {}
+        for equation in Equation:
+            coef = profile.model.coefficients(mode, equation)
+            equations[equation.value] = {
+                "source": profile.model.source(mode, equation),
+                "coefficients": None if coef is None else asdict(coef),
+                "quality": _quality_dict(profile.model.equation_quality(mode, equation)),
+            }
+        modes[mode.value] = {"quality": _quality_dict(q), "equations": equations}
+    return {
+        "command": "deltaserve calibrate",
+        "argv": sys.argv,
+        "key": asdict(profile.key),
+        "model_path": str(model_path),
+        "profile_path": str(path),
+        "reused": reused,
+        "created_at": profile.created_at,
+        "steps": len(profile.records),
+        "unusable_steps": profile.skipped,
+        "sweep_elapsed_s": profile.elapsed_s,
+        "limits": {"max_prefill": args.max_prefill, "max_decode": args.max_decode, "max_kv": args.max_kv,
+                   "max_ft": args.max_ft},
+        "modes": modes,
+    }
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _pct(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{100 * x:.2f}%"
