@@ -15,8 +15,8 @@ from .broken_hosts import TARGETS
 CACHE = Path(os.environ.get("DELTASERVE_CACHE", Path.home() / ".cache" / "deltaserve")) / "conformance"
 
 
-def _failures(factory: str) -> dict[str, str]:
-    env = build_env(factory, cache_dir=CACHE, validate=False)
+def _failures(factory: str, **options: str) -> dict[str, str]:
+    env = build_env(factory, cache_dir=CACHE, validate=False, options=options)
     failed: dict[str, str] = {}
     try:
         for c in CHECKS:
@@ -50,3 +50,9 @@ def test_failure_messages_name_host_and_hook() -> None:
     assert "broken-abort" in msg and "capture_activation" in msg
     failed = _failures(f"{MistypedHookHost.__module__}:MistypedHookHost")
     assert "intercept_schedule" in failed["protocol__validate_host"] and "interceptor" in failed["protocol__validate_host"]
+
+
+def test_reference_host_without_mixed_batches_passes_everything() -> None:
+    # The S-LoRA shape of host: prefill and decode never share a step; fine-tuning rides only prefill steps.
+    failed = _failures("deltaserve_core.testing.reference_host:ReferenceHost", mixed_batches="false")
+    assert failed == {}, failed

@@ -26,16 +26,15 @@ def _cmd_hosts(args: argparse.Namespace) -> int:
     for name, spec in specs.items():
         version = spec.engine_version()
         problem = spec.version_problem()
-        status = f"engine {version}" if version else "engine not installed"
-        print(f"{name:<12} {status:<28} {spec.description}")
-        if spec.supported:
-            print(f"{'':<12} supported versions: {spec.supported}")
+        print(f"{name:<12} {spec.description}")
+        print(f"{'':<12} engine: {spec.engine_distributions[0] if spec.engine_distributions else 'built in'} "
+              f"{version or '(not installed)'}" + (f", supported {spec.supported}" if spec.supported else ""))
         if problem:
             print(f"{'':<12} unavailable: {problem}")
-        elif args.capabilities:
-            print(f"{'':<12} {spec.notes}" if spec.notes else "", end="\n" if spec.notes else "")
         if spec.static_capabilities:
             print(f"{'':<12} capabilities: " + ", ".join(f"{k}={v}" for k, v in spec.static_capabilities.items()))
+        if args.capabilities and spec.notes:
+            print(f"{'':<12} {spec.notes}")
     return 0
 
 

@@ -106,7 +106,10 @@ class ReferenceHost:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eos_ids = set(_as_list(getattr(cfg, "eos_token_id", None)))
-        self.mixed = True if config.mixed_batches is None else config.mixed_batches
+        mixed = config.mixed_batches
+        if mixed is None:  # also settable as a host option, e.g. `deltaserve conformance reference --option mixed_batches=false`
+            mixed = str(config.options.get("mixed_batches", "true")).lower() not in ("0", "false", "no")
+        self.mixed = mixed
         self._adapters: dict[str, _Lora] = {}
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
@@ -465,5 +468,7 @@ SPEC = HostSpec(
     description="DeltaServe's reference engine (plain PyTorch over a transformers Llama-family checkpoint)",
     factory="deltaserve_core.testing.reference_host:ReferenceHost",
     install_command="pip install deltaserve",
-    notes="ships with deltaserve; eager only; the conformance suite's reference",
+    notes="ships with deltaserve; the conformance suite's reference and the template for new hosts",
+    static_capabilities={"mixed_batches": "configurable (default yes)", "graph_modes": "eager",
+                         "abort": "yes", "devices": "cpu, cuda", "dtypes": "float32, bfloat16, float16"},
 )
