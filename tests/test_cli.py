@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import subprocess
 import sys
+
+import pytest
 
 from deltaserve_core.cli import main
 
@@ -20,9 +24,12 @@ def test_unknown_host_is_an_error(capsys) -> None:  # noqa: ANN001
     assert "no DeltaServe host named 'no-such-host'" in err and "deltaserve hosts" in err
 
 
-def test_conformance_reference_passes_as_a_process() -> None:
+@pytest.mark.parametrize("host", ["reference", "vllm"])
+def test_conformance_passes_as_a_process(host: str) -> None:
     # A fresh process, as a user runs it: the pytest11 plugin must load from the entry point (not a conftest).
-    proc = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "conformance", "reference"],
-                          capture_output=True, text=True, timeout=600)
+    if host == "vllm" and importlib.util.find_spec("vllm") is None and not os.environ.get("DELTASERVE_REQUIRE_ENGINES"):
+        pytest.skip("vLLM is not installed (pip install 'deltaserve[vllm]')")
+    proc = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "conformance", host],
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,17 +102,25 @@ class CoServer:
     installs the hooks; :meth:`close` removes them and stops the backward process.
     """
 
-    def __init__(self, host: HostHooks, job: JobConfig, *, latency_model: LatencyModel,
-                 tokenizer: Any = None, backward_threads: int | None = None, hang_timeout_s: float = 120.0,
-                 log_every_s: float = 10.0, resume: bool = True) -> None:
+    def __init__(self, host: HostHooks, job: JobConfig, *, latency_model: LatencyModel | None = None,
+                 calibration: Mapping[str, Any] | None = None, tokenizer: Any = None,
+                 backward_threads: int | None = None, hang_timeout_s: float = 120.0,
+                 log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None) -> None:
+        """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
+        profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
+        fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will."""
         self.host = host
         self.job = job
         self.caps = validate_host(host)
         self.spec = host.model_spec()
-        if not latency_model.is_ready:
-            raise ValueError("the latency model is not calibrated: run calibration (deltaserve calibrate) or pass a "
-                             "fitted LatencyModel; admission without a model would be a guess")
-        self.model = latency_model
+        if latency_model is not None and not latency_model.is_ready:
+            raise ValueError("the latency model is not calibrated: run calibration (deltaserve calibrate), pass a "
+                             "fitted LatencyModel or none (start() then calibrates); admission without a model "
+                             "would be a guess")
+        self.model = latency_model if latency_model is not None else LatencyModel()
+        self._calibrate = latency_model is None
+        self.calibration_kwargs = dict(calibration or {})
+        self.calibration_profile: Any = None
         self.dataset = FinetuneDataset(
             DataConfig(path=job.dataset, format=job.dataset_format, max_length=job.max_length,
                        overflow=job.overflow, epochs=job.epochs, seed=job.seed),
@@ -128,6 +136,8 @@ class CoServer:
         self.hang_timeout_s = hang_timeout_s
         self.log_every_s = log_every_s
         self.resume = resume
+        #: pause the backward for decode-only steps too (default: on CPU hosts, where both share cores)
+        self.preempt_decode = self.caps.device.startswith("cpu") if preempt_decode is None else preempt_decode
         self.buffer: ActivationBuffer | None = None
         self.backward: BackwardProcess | None = None
         self._predicted: dict[int, tuple[float, ExecutionMode]] = {}
@@ -168,6 +178,12 @@ class CoServer:
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
         self._adapter_version = ready.step
         self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=ready.step))
+        if self._calibrate:
+            from .calibration import load_or_calibrate
+
+            self.calibration_profile = load_or_calibrate(self.host, **self.calibration_kwargs)
+            self.model = self.calibration_profile.model
+            self.admission.model = self.model
         self.host.intercept_schedule(self)
         self.host.capture_activation(self.buffer)
         self.host.report_step_time(self)
@@ -230,6 +246,10 @@ class CoServer:
         decision: AdmissionDecision = self.admission.decide(
             batch, pool=self.pool, backward_running=paused, buffer_free_tokens=self.buffer.free_tokens)
         samples = decision.samples
+        if batch.has_prefill or (self.preempt_decode and not batch.is_empty):
+            # Paper §3.4: prefill reclaims the device from the backward within one layer. Where inference and
+            # training share CPU cores, decode steps must reclaim it too, or their TPOT pays for the backward.
+            bw.grant.clear()
         if samples:
             kept = []
             for s in samples:
@@ -249,6 +269,8 @@ class CoServer:
 
     def __call__(self, record: StepRecord) -> None:
         """StepSink: one record per executed step."""
+        if self.backward is not None:
+            self.backward.grant.set()
         if record.synthetic:
             self.model.observe(record)
             return

@@ -144,7 +144,7 @@ def run_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     from transformers import AutoTokenizer
 
-    from .calibration import ProfileStore, format_quality, load_or_calibrate
+    from .calibration import ProfileStore, format_quality
     from .coserve import CoServer
     from .driver import HostConfig
     from .registry import create_host
@@ -157,14 +157,17 @@ def run_demo(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     host = create_host(args.host, HostConfig(model=str(model_dir), device=args.device, max_batch_tokens=2048))
     try:
-        profile = load_or_calibrate(host, ProfileStore(), max_prefill_tokens=512, max_decode_batch=16, max_kv=1024,
-                                    max_ft_tokens=512)
-        print(f"[demo] latency model: {format_quality(profile)}")
+        from transformers import AutoConfig
+
+        max_pos = int(getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", 2048))
         schedule = _requests(tokenizer, args)
-        coserver = CoServer(host, job, latency_model=profile.model, tokenizer=tokenizer, log_every_s=10.0)
+        coserver = CoServer(host, job, tokenizer=tokenizer, log_every_s=10.0, calibration=dict(
+            store=ProfileStore(), max_prefill_tokens=min(512, max_pos // 2), max_decode_batch=16,
+            max_kv=min(1024, max_pos - 64), max_ft_tokens=512))
         print(f"[demo] {len(coserver.dataset)} fine-tuning samples ({coserver.dataset.report.summary()}); "
               f"{len(schedule)} client requests over {args.duration:.0f} s")
         with coserver:
+            print(f"[demo] latency model: {format_quality(coserver.calibration_profile)}")
             t0 = time.monotonic()
             outputs = _serve(host, schedule, coserver)
             wall = time.monotonic() - t0

@@ -1,0 +1,99 @@
+"""The in-process meeting point of the host object, the scheduler subclass and the worker extension.
+
+vLLM builds the scheduler and the worker itself (from ``scheduler_cls`` / ``worker_extension_cls`` names), so
+the adapter cannot hand them objects directly. The host opens a :class:`Channel` under a fresh key and passes
+the key through ``VllmConfig.additional_config`` (the config field vLLM reserves for plugins); both sides look
+the channel up by that key. This works when all three live in one process, which is the case for the
+in-process engine with the ``uni`` executor that the driver path uses (the scheduler, the worker and the
+caller share the EngineCore process). Keys keep several engines in one process apart.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
+from deltaserve_core.types import ExecutionMode, FineTuneSample, StepRecord
+
+__all__ = ["CONFIG_KEY", "Channel", "StepPlan", "StepTiming", "close_channel", "get_channel", "open_channel"]
+
+#: key of ``VllmConfig.additional_config`` that carries the channel key.
+CONFIG_KEY = "deltaserve_channel"
+
+
+@dataclass
+class StepPlan:
+    """What the scheduler decided for one step, read by the worker while it runs the step."""
+
+    step_id: int
+    samples: dict[str, FineTuneSample]  # vLLM request id of each injected row -> its sample
+    ft_only: bool
+    synthetic: bool
+    prefill_lengths: tuple[int, ...]
+    num_decode: int
+    kv_tokens: int
+    refused: tuple[int, ...] = ()  # samples returned by the interceptor that did not fit (reported aborted)
+    reported: bool = True  # False for the warm-up steps of a profile, which never reach the step sink
+
+
+@dataclass
+class StepTiming:
+    """What the worker measured for one step: ``execute_model`` through ``sample_tokens``, device-complete."""
+
+    start: float
+    duration: float
+    mode: ExecutionMode
+    aborted: bool
+
+
+@dataclass
+class Channel:
+    key: str
+    interceptor: ScheduleInterceptor | None = None
+    activation_sink: ActivationSink | None = None
+    step_sink: StepSink | None = None
+    #: LoRARequest (vllm.lora.request) of the reserved adapter; set by set_finetune_adapter.
+    finetune_lora: object | None = None
+    #: plans and timings keyed by ``id(SchedulerOutput)``: the same object travels scheduler -> worker ->
+    #: scheduler within one synchronous step of the in-process engine.
+    plans: dict[int, StepPlan] = field(default_factory=dict)
+    timings: dict[int, StepTiming] = field(default_factory=dict)
+    #: run_idle_step asks the scheduler for one schedule() even when vLLM has no request.
+    idle_requested: bool = False
+    last_step_executed: bool = False
+    #: calibration: while set, the interceptor is not consulted and no record reaches the sink unless the
+    #: step is the profiled one (``profile_samples`` is not None), which is reported with synthetic=True.
+    profiling: bool = False
+    profile_samples: tuple[FineTuneSample, ...] | None = None
+    profile_record: StepRecord | None = None
+    worker_attached: bool = False
+    scheduler_attached: bool = False
+
+
+_CHANNELS: dict[str, Channel] = {}
+_LOCK = threading.Lock()
+
+
+def open_channel() -> Channel:
+    with _LOCK:
+        key = uuid.uuid4().hex
+        channel = _CHANNELS[key] = Channel(key)
+        return channel
+
+
+def get_channel(key: str | None) -> Channel:
+    with _LOCK:
+        channel = _CHANNELS.get(key) if key else None
+    if channel is None:
+        raise RuntimeError(
+            f"DeltaServe channel {key!r} not found in this process: the vLLM scheduler/worker run in another "
+            "process than the host. Use the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, "
+            "distributed_executor_backend='uni') for the DeltaServe driver path")
+    return channel
+
+
+def close_channel(key: str) -> None:
+    with _LOCK:
+        _CHANNELS.pop(key, None)

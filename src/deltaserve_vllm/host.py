@@ -1,0 +1,335 @@
+"""The vLLM host: :class:`HostHooks` and :class:`HostDriver` over an in-process ``vllm.LLM``.
+
+``HostConfig.options`` (all optional, strings accepted as from ``--host-option``):
+
+- ``max_loras`` (default 4): LoRA slots per step; one is needed by the reserved fine-tuning adapter.
+- ``max_cpu_loras`` (default 16): adapters kept loaded (client + published versions + reserved).
+- ``enable_prefix_caching`` (default true), ``block_size``, ``gpu_memory_utilization`` (CUDA).
+- ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``)
+so the scheduler subclass and the worker extension meet the hooks installed here (see :mod:`.channel`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.driver import ClientOutput, ClientRequest, HostConfig
+from deltaserve_core.hooks import (
+    RESERVED_ADAPTER_NAME,
+    ActivationSink,
+    ReservedAdapterError,
+    ScheduleInterceptor,
+    StepSink,
+)
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    HostCapabilities,
+    ModelSpec,
+    ProfileShape,
+    ProposedBatch,
+    StepRecord,
+)
+
+from .channel import CONFIG_KEY, close_channel, open_channel
+from .versions import check_supported_vllm
+
+__all__ = ["VllmHost"]
+
+#: LoRA id of the reserved fine-tuning adapter; client and published adapters count up from 2.
+_FINETUNE_LORA_ID = 1
+_PROFILE_PREFIX = "__deltaserve_profile__"
+
+
+@dataclass
+class _Live:
+    """A client request in flight, seen from the driver."""
+
+    request: ClientRequest
+    arrival_time: float
+    token_times: list[float] = field(default_factory=list)
+
+
+def _flag(value: object, default: bool) -> bool:
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+class VllmHost:
+    """DeltaServe host over vLLM. See the module docstring for options."""
+
+    name = "vllm"
+
+    def __init__(self, config: HostConfig) -> None:
+        dist, version = check_supported_vllm()
+        opts = dict(config.options)
+        # Both must hold before vLLM reads its environment: the hooks meet the scheduler/worker in-process.
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+            raise RuntimeError("deltaserve_vllm's driver needs the in-process engine: set "
+                               "VLLM_ENABLE_V1_MULTIPROCESSING=0 before starting (the operator path "
+                               "`vllm serve` attaches through the plugin instead)")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if config.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(opts.get("kv_cache_space_gib", 1)))
+        from vllm import LLM
+
+        self.config = config
+        self._engine_version = version
+        self._dist = dist
+        self._channel = open_channel()
+        self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-vllm-"))
+        self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
+        self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
+        self._live: dict[str, _Live] = {}
+        self._finished: dict[str, ClientOutput] = {}
+        self._ft_versions = itertools.count()
+        self._closed = False
+        engine_kwargs: dict[str, Any] = {
+            "model": config.model, "dtype": config.dtype, "seed": config.seed,
+            "enforce_eager": config.device == "cpu", "enable_lora": True, "max_lora_rank": config.max_lora_rank,
+            "max_loras": int(opts.get("max_loras", 4)), "max_cpu_loras": int(opts.get("max_cpu_loras", 16)),
+            "distributed_executor_backend": "uni", "max_num_batched_tokens": config.max_batch_tokens,
+            "max_num_seqs": config.max_running_requests,
+            "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
+            "scheduler_cls": "deltaserve_vllm.scheduler.DeltaServeScheduler",
+            "worker_extension_cls": "deltaserve_vllm.worker.DeltaServeWorkerExtension",
+            "additional_config": {CONFIG_KEY: self._channel.key},
+        }
+        if "block_size" in opts:
+            engine_kwargs["block_size"] = int(opts["block_size"])
+        if "gpu_memory_utilization" in opts:
+            engine_kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
+        try:
+            self._llm = LLM(**engine_kwargs)
+        except Exception:
+            close_channel(self._channel.key)
+            raise
+        self._engine = self._llm.llm_engine
+        self._num_layers = self._engine.collective_rpc("deltaserve_attach", args=(self._channel.key,))[0]
+        if not (self._channel.scheduler_attached and self._channel.worker_attached):
+            self.shutdown()
+            raise RuntimeError("vLLM did not load the DeltaServe scheduler/worker extension in this process")
+        from transformers import AutoConfig
+
+        self._hf_config = AutoConfig.from_pretrained(config.model)
+        for name, path in config.client_adapters.items():
+            self.load_client_adapter(name, path)
+        self._capabilities = HostCapabilities(
+            engine=dist, engine_version=version, mixed_batches=True,
+            graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype=config.dtype, device=config.device,
+            supports_abort=True, max_finetune_tokens_per_step=config.max_batch_tokens)
+
+    # ------------------------------------------------------------------------------------ HostHooks
+
+    def capabilities(self) -> HostCapabilities:
+        return self._capabilities
+
+    def model_spec(self) -> ModelSpec:
+        cfg = self._hf_config
+        return ModelSpec(path=str(self.config.model), architecture=(cfg.architectures or ["LlamaForCausalLM"])[0],
+                         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+                         dtype=self.config.dtype)
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        self._channel.interceptor = interceptor
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        self._channel.activation_sink = sink
+
+    def report_step_time(self, sink: StepSink | None) -> None:
+        self._channel.step_sink = sink
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        # enforce_eager on CPU: vLLM never captures graphs there, so every step runs eagerly.
+        return ExecutionMode.EAGER
+
+    def set_finetune_adapter(self, state: LoraAdapterState) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._check_rank(state)
+        path = self._tmp / "finetune" / f"v{next(self._ft_versions)}"
+        state.save_pretrained(path)
+        # load_inplace replaces the weights held under the reserved id; later steps' rows use them.
+        self._engine.add_lora(LoRARequest(RESERVED_ADAPTER_NAME, _FINETUNE_LORA_ID, str(path), load_inplace=True))
+        # Pinned: published/client adapters must never evict the reserved one from vLLM's LoRA cache.
+        self._engine.pin_lora(_FINETUNE_LORA_ID)
+        previous = getattr(self._channel.finetune_lora, "lora_path", None)
+        # Requests carry a plain LoRARequest: load_inplace on every row would reload the adapter every step.
+        self._channel.finetune_lora = LoRARequest(RESERVED_ADAPTER_NAME, _FINETUNE_LORA_ID, str(path))
+        if previous and Path(previous) != path:
+            shutil.rmtree(previous, ignore_errors=True)
+
+    def publish_adapter(self, state: LoraAdapterState) -> str:
+        # A fresh name, folder and LoRA id per version: vLLM's prefix-cache keys include the adapter name and
+        # path, so KV computed with older weights is never served under the new name.
+        name = f"{state.name}@v{state.version}"
+        self._check_rank(state)
+        path = self._tmp / "published" / name.replace("/", "_")
+        state.save_pretrained(path)
+        self._register_adapter(name, str(path))
+        return name
+
+    def run_profile_step(self, shape: ProfileShape) -> StepRecord:
+        ch = self._channel
+        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
+        vocab = self._hf_config.vocab_size
+        run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
+        submitted: list[str] = []
+
+        def add(tag: str, length: int, max_tokens: int) -> str:
+            from vllm import SamplingParams, TokensPrompt
+
+            rid = f"{run}-{tag}"
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
+                                    skip_reading_prefix_cache=True)
+            self._engine.add_request(rid, TokensPrompt(prompt_token_ids=[rng.randrange(3, vocab)
+                                                                          for _ in range(length)]), params)
+            submitted.append(rid)
+            return rid
+
+        ch.profiling, ch.profile_record = True, None
+        try:
+            # max_tokens=2: the warm-up prefill samples token 1, the profiled step decodes token 2.
+            decodes = {add(f"d{i}", max(1, shape.decode_context), 2) for i in range(shape.num_decode)}
+            started: set[str] = set()
+            for _ in range(10_000):  # warm-up: prefill the decode rows' contexts (steps never reported)
+                if started >= decodes:
+                    break
+                started |= {o.request_id for o in self._engine.step() if o.request_id in decodes and o.outputs
+                            and o.outputs[0].token_ids}
+            for i, n in enumerate(shape.prefill_lengths):
+                add(f"p{i}", n, 1)
+            ch.profile_samples = tuple(
+                FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)), (False,) + (True,) * (n - 1))
+                for i, n in enumerate(shape.finetune_lengths))
+            self._engine.step()
+            record = ch.profile_record
+        finally:
+            ch.profiling, ch.profile_samples = False, None
+            self._engine.abort_request(submitted)
+        if record is None:
+            raise RuntimeError(f"the profile step for {shape} did not run in one vLLM step (budget or KV cache "
+                               "too small for that shape)")
+        return record
+
+    # ------------------------------------------------------------------------------------ HostDriver
+
+    def load_client_adapter(self, name: str, path: str) -> None:
+        if name == RESERVED_ADAPTER_NAME:
+            raise ReservedAdapterError(name)
+        self._register_adapter(name, path)
+
+    def submit(self, request: ClientRequest) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        if request.adapter == RESERVED_ADAPTER_NAME:
+            raise ReservedAdapterError(request.adapter)
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise ValueError(f"request {request.request_id!r}: unknown adapter {request.adapter!r}; loaded: "
+                             f"{sorted(self._adapters)}")
+        if request.request_id in self._live or request.request_id.startswith(_PROFILE_PREFIX):
+            raise ValueError(f"request id {request.request_id!r} is already in flight or reserved")
+        slo = request.slo
+        info: dict[str, Any] = {"id": request.request_id}
+        if slo is not None:
+            info["slo"] = [slo.ttft_s, slo.tpot_s, slo.avg_tpot_s]
+        params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0, ignore_eos=request.ignore_eos,
+                                detokenize=False, extra_args={"deltaserve": info})
+        now = time.monotonic()
+        self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params,
+                                 lora_request=self._adapters.get(request.adapter) if request.adapter else None)
+        self._live[request.request_id] = _Live(request, now)
+        if self._channel.interceptor is not None:
+            self._channel.interceptor.on_arrival(request.request_id, now)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def step(self) -> list[ClientOutput]:
+        outputs = self._engine.step()
+        now = time.monotonic()
+        done: list[ClientOutput] = []
+        for out in outputs:
+            live = self._live.get(out.request_id)
+            if live is None:
+                continue  # a calibration request being drained; never a client's
+            tokens = tuple(out.outputs[0].token_ids) if out.outputs else ()
+            live.token_times.extend([now] * (len(tokens) - len(live.token_times)))
+            if out.finished:
+                del self._live[out.request_id]
+                result = ClientOutput(out.request_id, tokens, live.arrival_time, live.token_times[0],
+                                      live.token_times[-1], tuple(live.token_times))
+                self._finished[out.request_id] = result
+                done.append(result)
+        return done
+
+    def run_idle_step(self) -> bool:
+        if self.has_unfinished():
+            return False
+        self._channel.idle_requested = True
+        self._channel.last_step_executed = False
+        try:
+            self.step()
+        finally:
+            self._channel.idle_requested = False
+        return self._channel.last_step_executed
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        for r in requests:
+            self.submit(r)
+        wanted = [r.request_id for r in requests]
+        while any(w not in self._finished for w in wanted):
+            if not self._engine.has_unfinished_requests():
+                raise RuntimeError("vLLM has no work left but some requests never finished")
+            self.step()
+        return [self._finished.pop(w) for w in wanted]
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llm = getattr(self, "_llm", None)
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            self._llm = None  # type: ignore[assignment]
+        close_channel(self._channel.key)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ helpers
+
+    def _check_rank(self, state: LoraAdapterState) -> None:
+        if state.config.r > self.config.max_lora_rank:
+            raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
+                             f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
+
+    def _register_adapter(self, name: str, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(name, next(self._lora_ids), str(path))
+        self._engine.add_lora(lora)  # load now so the first request does not pay for it
+        self._adapters[name] = lora
+
+
+def _as_list(value: object) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]  # type: ignore[call-overload]

@@ -1,0 +1,252 @@
+"""``scheduler_cls`` for vLLM's synchronous scheduler: offer each step to the core, inject its samples.
+
+How a step is formed (the crux, see docs/vllm-adapter.md §"Injection"):
+
+1. ``super().schedule()`` forms the step exactly as vLLM would (admission, preemption, budgets, KV blocks).
+2. That :class:`SchedulerOutput` is translated into a :class:`ProposedBatch` and offered to the interceptor.
+3. Returned samples become internal :class:`Request` objects on the reserved LoRA and are *appended* to that
+   same SchedulerOutput: KV slots from ``kv_cache_manager.allocate_slots``, a ``NewRequestData`` row, their
+   token counts, and the post-schedule bookkeeping vLLM applies to any newly scheduled request. All-or-nothing:
+   if the token budget, the request slots, the LoRA slots or the KV cache cannot take every sample, none is
+   added and the step's record lists them as aborted (the core returns them to its pool).
+4. In ``update_from_output`` the injected requests are finished (``finish_requests``) *before* vLLM processes
+   the step's output, so vLLM skips them: no sampled token, no EngineCoreOutput, nothing reaches a client.
+   Then the step's :class:`StepRecord` is built from the plan and the worker's timing and sent to the sink.
+
+Appending to the proposed output (rather than re-running ``schedule()`` a second time on a queue of only the
+fine-tuning requests) keeps vLLM's own pass untouched and runs it once per step, so its side effects
+(step counters, prefix-cache stats, connector metadata, finished-id hand-off) happen exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    ProposedBatch,
+    RequestSLO,
+    ScheduledRequest,
+    StepRecord,
+)
+
+from .channel import CONFIG_KEY, StepPlan, get_channel
+
+__all__ = ["EXTRA_ARGS_KEY", "FINETUNE_REQUEST_PREFIX", "DeltaServeScheduler"]
+
+#: vLLM request ids of injected fine-tuning rows start with this (never a client id: clients go through
+#: LLMEngine.add_request, which appends a random suffix to whatever id they pass, and the driver refuses it).
+FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
+#: ``SamplingParams.extra_args`` key under which the driver passes the client id and SLO to the scheduler
+#: (extra_args is a public field that travels with the request into the EngineCore process).
+EXTRA_ARGS_KEY = "deltaserve"
+
+
+class DeltaServeScheduler(Scheduler):
+    """vLLM's :class:`Scheduler` plus the DeltaServe step interception. See the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = self.vllm_config.additional_config
+        key = extra.get(CONFIG_KEY) if isinstance(extra, dict) else None
+        self._ds = get_channel(key)
+        self._ds.scheduler_attached = True
+        self._ds_step_ids = itertools.count()
+        # (first token time, last token time, tokens seen) per client request, in this process's monotonic clock.
+        self._ds_token_times: dict[str, tuple[float, float, int]] = {}
+        self._ds_params = SamplingParams(max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True,
+                                         detokenize=False)
+        self._ds_block_hasher = self._make_block_hasher(kwargs.get("hash_block_size") or self.hash_block_size)
+        if self.use_v2_model_runner:
+            raise RuntimeError("deltaserve_vllm supports vLLM's V1 model runner only (set VLLM_USE_V2_MODEL_RUNNER=0)")
+        if self.connector is not None or self.num_spec_tokens:
+            raise RuntimeError("deltaserve_vllm does not support KV connectors or speculative decoding yet")
+        if self.lora_config is None:
+            raise RuntimeError("deltaserve_vllm needs enable_lora=True: fine-tuning rows run on a reserved LoRA")
+
+    def _make_block_hasher(self, hash_block_size: int):
+        # Internal requests must carry the engine's block hasher when prefix caching is on (vLLM caches their
+        # full blocks on allocation; a request without hashes crashes block_pool.cache_full_blocks).
+        if not self.cache_config.enable_prefix_caching:
+            return None
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+        return get_request_block_hasher(hash_block_size,
+                                        get_hash_fn_by_name(self.cache_config.prefix_caching_hash_algo))
+
+    # ------------------------------------------------------------------------------------ vLLM overrides
+
+    def has_requests(self) -> bool:
+        # EngineCore.step() returns without scheduling when vLLM has no request; run_idle_step needs one
+        # schedule() so the core can issue a fine-tuning-only step.
+        return super().has_requests() or self._ds.idle_requested
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        out = super().schedule(*args, **kwargs)
+        ch = self._ds
+        ch.idle_requested = False
+        step_id = next(self._ds_step_ids)
+        batch = self._proposed_batch(step_id, out)
+        samples: tuple[FineTuneSample, ...] = ()
+        synthetic, reported = False, True
+        if ch.profiling:
+            # Calibration: the interceptor is not consulted; only the profiled step itself is reported.
+            synthetic = reported = ch.profile_samples is not None
+            samples, ch.profile_samples = ch.profile_samples or (), None
+        elif ch.interceptor is not None:
+            samples = tuple(ch.interceptor.on_schedule(batch))
+        placed, refused = self._inject(step_id, out, samples)
+        ch.last_step_executed = out.total_num_scheduled_tokens > 0
+        ch.plans[id(out)] = StepPlan(
+            step_id=step_id, samples=placed, ft_only=bool(placed) and not batch.scheduled, synthetic=synthetic,
+            prefill_lengths=batch.prefill_lengths, num_decode=batch.num_decode, kv_tokens=batch.kv_tokens,
+            refused=tuple(s.sample_id for s in refused), reported=reported)
+        return out
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        ch = self._ds
+        plan = ch.plans.pop(id(scheduler_output), None)
+        timing = ch.timings.pop(id(scheduler_output), None)
+        aborted = timing is not None and timing.aborted
+        if plan is not None and plan.samples:
+            # Retire the fine-tuning rows before vLLM looks at the output: it skips requests it no longer
+            # knows, so they produce no token and no client output, and their KV blocks are freed now.
+            status = RequestStatus.FINISHED_ABORTED if aborted else RequestStatus.FINISHED_LENGTH_CAPPED
+            self.finish_requests(list(plan.samples), status)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        self._track_token_times(scheduler_output)
+        if plan is not None:
+            self._report(plan, timing, scheduler_output)
+        return outputs
+
+    # ------------------------------------------------------------------------------------ translation
+
+    def _slo_and_id(self, request: Request) -> tuple[str, RequestSLO | None]:
+        extra = request.sampling_params.extra_args if request.sampling_params is not None else None
+        info = (extra or {}).get(EXTRA_ARGS_KEY) or {}
+        slo = info.get("slo")
+        return info.get("id", request.request_id), (RequestSLO(*slo) if slo else None)
+
+    def _view(self, request: Request, scheduled_tokens: int, now_mono: float, now_wall: float) -> ScheduledRequest:
+        # After super().schedule(), num_computed_tokens already includes this step's tokens.
+        before = request.num_computed_tokens - scheduled_tokens
+        if scheduled_tokens == 0:
+            before = request.num_computed_tokens
+        decode = scheduled_tokens > 0 and before >= request.num_prompt_tokens and scheduled_tokens == 1
+        client_id, slo = self._slo_and_id(request)
+        first, last, _ = self._ds_token_times.get(request.request_id, (None, None, 0))
+        pending = request.num_tokens - before if scheduled_tokens == 0 else scheduled_tokens
+        return ScheduledRequest(
+            request_id=client_id,
+            # vLLM stamps arrival with time.time(); the protocol speaks this process's monotonic clock.
+            arrival_time=now_mono - (now_wall - request.arrival_time),
+            prefill_tokens=0 if decode or (scheduled_tokens == 0 and request.num_output_tokens) else pending,
+            context_tokens=before, output_tokens=request.num_output_tokens, first_token_time=first,
+            last_token_time=last, slo=slo)
+
+    def _proposed_batch(self, step_id: int, out: SchedulerOutput) -> ProposedBatch:
+        now_mono, now_wall = time.monotonic(), time.time()
+        scheduled = tuple(self._view(self.requests[rid], n, now_mono, now_wall)
+                          for rid, n in out.num_scheduled_tokens.items() if rid in self.requests)
+        waiting = [self._view(r, 0, now_mono, now_wall) for r in self.waiting]
+        waiting += [self._view(r, 0, now_mono, now_wall) for r in self.running
+                    if r.request_id not in out.num_scheduled_tokens]
+        return ProposedBatch(step_id=step_id, now=now_mono, scheduled=scheduled, waiting=tuple(waiting),
+                             mode=ExecutionMode.EAGER)
+
+    # ------------------------------------------------------------------------------------ injection
+
+    def _inject(self, step_id: int, out: SchedulerOutput,
+                samples: tuple[FineTuneSample, ...]) -> tuple[dict[str, FineTuneSample], tuple[FineTuneSample, ...]]:
+        """Append ``samples`` to ``out`` as prefill-only requests; all or nothing. Returns (placed, refused)."""
+        if not samples:
+            return {}, ()
+        lora = self._ds.finetune_lora
+        if lora is None:
+            raise RuntimeError("fine-tuning samples were injected before set_finetune_adapter() loaded the reserved "
+                               "adapter; the core must call set_finetune_adapter first")
+        tokens = sum(s.num_tokens for s in samples)
+        loras = {self.requests[r].lora_request.lora_int_id for r in out.num_scheduled_tokens
+                 if r in self.requests and self.requests[r].lora_request is not None}
+        loras.add(lora.lora_int_id)  # type: ignore[attr-defined]
+        if (tokens > self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
+                or len(self.running) + len(samples) > self.max_num_running_reqs
+                or len(loras) > self.lora_config.max_loras):
+            return {}, samples
+        requests: list[tuple[Request, FineTuneSample, Any]] = []
+        for s in samples:
+            request = Request(request_id=f"{FINETUNE_REQUEST_PREFIX}{step_id}-{s.sample_id}",
+                              prompt_token_ids=list(s.input_ids), sampling_params=self._ds_params,
+                              pooling_params=None, lora_request=lora,  # type: ignore[arg-type]
+                              block_hasher=self._ds_block_hasher)
+            blocks = self.kv_cache_manager.allocate_slots(request, s.num_tokens)
+            if blocks is None:  # KV cache full: give back what this step allocated, inject nothing
+                for r, _, _ in requests:
+                    self.kv_cache_manager.free(r)
+                self.kv_cache_manager.free(request)
+                return {}, samples
+            requests.append((request, s, blocks))
+        placed: dict[str, FineTuneSample] = {}
+        for request, s, blocks in requests:
+            rid = request.request_id
+            self.requests[rid] = request
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            # Built before advancing num_computed_tokens: the worker reads it as "computed before this step".
+            out.scheduled_new_reqs.append(NewRequestData.from_request(request, blocks.get_block_ids(),
+                                                                      uses_mrope=self.model_uses_mrope))
+            out.num_scheduled_tokens[rid] = s.num_tokens
+            out.total_num_scheduled_tokens += s.num_tokens
+            # The bookkeeping _update_after_schedule applies to every request vLLM schedules.
+            request.num_computed_tokens = s.num_tokens
+            request.num_in_flight_tokens += s.num_tokens
+            request.is_prefill_chunk = False
+            self.prev_step_scheduled_req_ids.add(rid)
+            placed[rid] = s
+        if self.needs_kv_cache_zeroing:
+            fresh = self.kv_cache_manager.take_new_block_ids()
+            if fresh:
+                out.new_block_ids_to_zero = (out.new_block_ids_to_zero or []) + fresh
+        return placed, ()
+
+    # ------------------------------------------------------------------------------------ reporting
+
+    def _track_token_times(self, out: SchedulerOutput) -> None:
+        now = time.monotonic()
+        for rid in out.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                self._ds_token_times.pop(rid, None)
+                continue
+            first, _, seen = self._ds_token_times.get(rid, (None, None, 0))
+            if request.num_output_tokens > seen:
+                self._ds_token_times[rid] = (first if first is not None else now, now, request.num_output_tokens)
+
+    def _report(self, plan: StepPlan, timing: Any, out: SchedulerOutput) -> None:
+        ch = self._ds
+        if not plan.reported or (out.total_num_scheduled_tokens == 0 and not plan.refused):
+            return  # a profile warm-up step, or nothing ran
+        aborted = timing is not None and timing.aborted
+        ids = tuple(s.sample_id for s in plan.samples.values())
+        record = StepRecord(
+            step_id=plan.step_id,
+            start_time=timing.start if timing is not None else time.monotonic(),
+            duration_s=timing.duration if timing is not None else 0.0,
+            mode=timing.mode if timing is not None else ExecutionMode.EAGER,
+            prefill_lengths=plan.prefill_lengths, num_decode=plan.num_decode, kv_tokens=plan.kv_tokens,
+            finetune_sample_ids=() if aborted else ids,
+            finetune_lengths=() if aborted else tuple(s.num_tokens for s in plan.samples.values()),
+            aborted_sample_ids=(ids if aborted else ()) + plan.refused, synthetic=plan.synthetic)
+        if plan.synthetic:
+            ch.profile_record = record
+        if ch.step_sink is not None:
+            ch.step_sink(record)
