@@ -8,12 +8,14 @@ waiting requests) and fine-tuning pools of 10..100k samples, it times :meth:`Adm
 estimator per candidate, and the claim -- and reports the median and p95 in microseconds. Between timed
 calls the claimed samples are released again (untimed), so every call sees the same pool.
 
-The coefficients are fixed, GPU-like values (eager slower than graph replay), so the number of samples a
-decision walks is realistic: a handful when the budget is tight, up to ~190 when a large budget meets the
-short end of a big pool (the per-step token cap then binds). The numbers measure Python overhead, not a
-device. ``--pool reference`` (default) uses :class:`InMemoryPool`; ``--pool finetune`` the
-fine-tuning data manager's ``FinetunePool``, i.e. the pool a job really runs with. Goal (issue 3): median
-≤ 50 µs. Writes JSON (default ``benchmarks/results/admission_overhead.json``) and prints a table.
+The coefficients are fixed, GPU-like values (eager slower than graph replay; Equation I's per-row δ small
+in graph replay and larger in eager, launch-bound execution), so the walk prices every term of Equation I,
+δ·R included, and the number of samples a decision walks is realistic: a handful when the budget is tight,
+up to ~190 when a large budget meets the short end of a big pool (the per-step token cap then binds). The
+numbers measure Python overhead, not a device. ``--pool reference`` (default) uses :class:`InMemoryPool`;
+``--pool finetune`` the fine-tuning data manager's ``FinetunePool``, i.e. the pool a job really runs with.
+Goal (issue 3): median ≤ 50 µs. Writes JSON (default ``benchmarks/results/admission_overhead.json``) and
+prints a table.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ def build_model() -> LatencyModel:
     model = LatencyModel()
     model.set_coefficients(
         ExecutionMode.GRAPH,
-        prefill=PrefillCoefficients(alpha=1.0e-9, beta=6.0e-5, gamma=0.0, eps=2.0e-8, c=0.004),
+        prefill=PrefillCoefficients(alpha=1.0e-9, beta=6.0e-5, gamma=0.0, eps=2.0e-8, c=0.004, delta=2.0e-6),
         decode=DecodeCoefficients(beta=5.0e-5, eps=2.0e-8, c=0.006),
     )
     model.set_coefficients(
         ExecutionMode.EAGER,
-        prefill=PrefillCoefficients(alpha=1.1e-9, beta=7.0e-5, gamma=5.0e-6, eps=2.2e-8, c=0.025),
+        prefill=PrefillCoefficients(alpha=1.1e-9, beta=7.0e-5, gamma=5.0e-6, eps=2.2e-8, c=0.025, delta=1.0e-5),
         decode=DecodeCoefficients(beta=6.0e-5, eps=2.2e-8, c=0.025),
     )
     return model

@@ -38,14 +38,15 @@ What it does, in order (one process, one host):
      prediction one way; this refit has no such drift and no single-run calibration noise, so its held-out error
      is the equations' own, and the gap between the two numbers is what calibrating once costs here (online
      refit exists for exactly that drift);
-   * ``diagnostics.candidate_features``: the paper's equations refitted next to
-     variants with features they lack -- ``rows`` (prompts + fine-tuning samples + decodes: a per-request cost,
-     e.g. the reference host's attention loop over requests), ``sampling`` (1 when the step samples a token: the
-     LM head's weights are read once per such step, and fine-tuning-only steps skip it) and, for Equation II,
-     ``ctx_sq`` (Σ contextᵢ²) -- all fitted the same way (relative-error NNLS, no outlier trimming) on the
+   * ``diagnostics.candidate_features``: the production equations refitted next to variants -- for Equation I
+     ``paper_eq1`` (the paper's, without the per-row term δ·R that the production ``eq1`` has: R = prompts +
+     fine-tuning samples + decodes, a per-request cost such as the reference host's attention loop over
+     requests; this pair is what justified adding δ), and ``eq1+sampling`` (1 when the step samples a token:
+     the LM head's weights are read once per such step, and fine-tuning-only steps skip it); for Equation II,
+     ``eq2+ctx_sq`` (Σ contextᵢ²) -- all fitted the same way (relative-error NNLS, no outlier trimming) on the
      interleaved sweep timings (the calibration records with ``--no-interleaved-fit``) and scored on the held-out
-     steps. They say which missing term explains the excess over the noise floor; the production
-     model is not changed by them.
+     steps. They say which term explains the excess over the noise floor; the production model is not changed
+     by them.
 
 Writes JSON (default ``benchmarks/results/latency_model_<host>_<model>.json``) with the machine (CPU count,
 torch version, load averages before and after each phase, date), the command line, the configuration, the
@@ -348,10 +349,11 @@ def noise_floor(points: list[Point], k: int) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ diagnostics: candidate features
 #
-# Each candidate is the paper's equation plus one or two features of the host's work that the equation has no
-# term for. All variants -- the paper's own included -- are refitted here the same way (the latency model's
-# relative-error NNLS, no outlier trimming) on the calibration records and scored on the held-out steps, so a
-# difference between two variants is the feature's doing. The production model is not changed by any of this.
+# Each candidate is an equation plus or minus features of the host's work. Equation I's base here is the paper's
+# (``paper_eq1``); the production Equation I is ``eq1`` = paper + ``rows`` (δ·R). All variants are refitted here
+# the same way (the latency model's relative-error NNLS, no outlier trimming) on the calibration records and
+# scored on the held-out steps, so a difference between two variants is the feature's doing. The production
+# model is not changed by any of this.
 
 
 def _rows(record: StepRecord) -> float:
@@ -371,18 +373,19 @@ def _ctx_sq(record: StepRecord) -> float:
 
 _EXTRA = {"rows": _rows, "sampling": _sampling, "ctx_sq": _ctx_sq}
 _VARIANTS: dict[Equation, dict[str, tuple[str, ...]]] = {
-    Equation.PREFILL: {"eq1": (), "eq1+rows": ("rows",), "eq1+sampling": ("sampling",),
-                       "eq1+rows+sampling": ("rows", "sampling")},
+    Equation.PREFILL: {"paper_eq1": (), "eq1": ("rows",), "paper_eq1+sampling": ("sampling",),
+                       "eq1+sampling": ("rows", "sampling")},
     Equation.DECODE: {"eq2": (), "eq2+ctx_sq": ("ctx_sq",)},
 }
 _BASE_NAMES = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c"), Equation.DECODE: ("beta", "eps", "c")}
+_EXTRA_NAMES = {"rows": "delta"}  # the production model's name for the rows coefficient
 
 
 def _features(record: StepRecord, equation: Equation, extra: tuple[str, ...]) -> list[float]:
     if equation is Equation.PREFILL:
-        s, t, f, kv = prefill_features(record.prefill_lengths, record.num_decode, record.kv_tokens,
-                                       record.finetune_lengths)
-        row = [float(s), float(t), float(f), float(kv), 1.0]
+        s, t, f, kv, _ = prefill_features(record.prefill_lengths, record.num_decode, record.kv_tokens,
+                                          record.finetune_lengths)
+        row = [float(s), float(t), float(f), float(kv), 1.0]  # the paper's features; R comes as extra "rows"
     else:
         row = [float(record.num_decode), float(record.kv_tokens), 1.0]
     return row + [_EXTRA[name](record) for name in extra]
@@ -412,7 +415,8 @@ def feature_diagnostic(records: Sequence[StepRecord], points: list[Point], k: in
                     errs.setdefault(p.family, []).append(abs(pred - y) / y)
                 q = _stats([e for v in errs.values() for e in v])
                 entry["variants"][name] = {
-                    "coefficients": dict(zip(_BASE_NAMES[equation] + extra, coef)),
+                    "coefficients": dict(zip(_BASE_NAMES[equation] + tuple(_EXTRA_NAMES.get(x, x) for x in extra),
+                                             coef)),
                     "mape": q["mean"], "p95_ape": q["p95"],
                     "per_family_mape": {f: statistics.fmean(v) for f, v in sorted(errs.items())},
                 }

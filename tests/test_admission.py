@@ -25,12 +25,15 @@ NOW = 50.0
 SLO = SLOConfig(ttft_s=1.0, tpot_s=0.15)
 
 
-def make_model(scale_graph: float = 1.0, scale_eager: float = 1.0) -> LatencyModel:
+def make_model(scale_graph: float = 1.0, scale_eager: float = 1.0, row_cost: float = 1.0) -> LatencyModel:
+    """Hand coefficients; ``row_cost`` scales Equation I's per-row δ (0: the paper's equation)."""
     m = LatencyModel()
-    m.set_coefficients(G, prefill=PrefillCoefficients(1e-9 * scale_graph, 6e-5 * scale_graph, 0.0, 2e-8, 0.004),
+    m.set_coefficients(G, prefill=PrefillCoefficients(1e-9 * scale_graph, 6e-5 * scale_graph, 0.0, 2e-8, 0.004,
+                                                      delta=1e-4 * row_cost),
                        decode=DecodeCoefficients(5e-5 * scale_graph, 2e-8, 0.006))
     m.set_coefficients(E, prefill=PrefillCoefficients(1.1e-9 * scale_eager, 7e-5 * scale_eager, 5e-6 * scale_eager,
-                                                      2.2e-8, 0.025), decode=DecodeCoefficients(6e-5, 2.2e-8, 0.025))
+                                                      2.2e-8, 0.025, delta=3e-4 * row_cost),
+                       decode=DecodeCoefficients(6e-5, 2.2e-8, 0.025))
     return m
 
 
@@ -231,7 +234,8 @@ def scenario(draw):
     return dict(
         batch=make_batch(scheduled, waiting, mode=draw(st.sampled_from([G, E]))),
         lengths=lengths,
-        model=make_model(draw(st.floats(0.1, 2.0)), draw(st.floats(0.1, 2.0))),
+        model=make_model(draw(st.floats(0.1, 2.0)), draw(st.floats(0.1, 2.0)),
+                         rarely(draw, 0.0, st.floats(0.0, 20.0))),
         mixed=rarely(draw, False, st.just(True)),
         backward=rarely(draw, True, st.just(False)),
         buffer=rarely(draw, draw(st.integers(-5, 0)), st.integers(400, 6000)),
@@ -299,6 +303,22 @@ def test_large_walk_matches_reference():
             assert [s.num_tokens for s in d.samples] == reference_greedy(batch, lengths, model, delta, cap)
             stops.add(d.stopped_by)
     assert stops == {"buffer", "budget"}
+
+
+def test_row_cost_favours_fewer_rows():
+    """δ prices each admitted sample as a row: with a large per-row cost the same token budget admits fewer
+    short samples than the paper's equation (δ = 0) would, and exactly the literal greedy prefix."""
+    batch = make_batch([prefill_req("p", 0.05, n=64)])
+    lengths = [8] * 400
+    counts = {}
+    for row_cost in (0.0, 30.0):
+        model = make_model(row_cost=row_cost)
+        d = decide(batch, pool_of(lengths), model=model, buffer=10**6)
+        delta = step_budget(batch, SLO, model).delta
+        assert [s.num_tokens for s in d.samples] == reference_greedy(batch, lengths, model, delta, 4096)
+        assert d.predicted_mixed == model.predict((64,), 0, 0, [s.num_tokens for s in d.samples], E)
+        counts[row_cost] = len(d.samples)
+    assert 0 < counts[30.0] < counts[0.0]
 
 
 def test_nan_free_decision_fields_when_delta_computed():

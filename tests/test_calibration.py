@@ -24,9 +24,10 @@ from deltaserve_core.types import ExecutionMode, HostCapabilities, ModelSpec, Pr
 G, E = ExecutionMode.GRAPH, ExecutionMode.EAGER
 BOTH = frozenset({G, E})
 
+# Equation I as (α, β, γ, ε, c, δ), Equation II as (β′, ε′, c′)
 TRUE = {
-    G: ((2e-8, 5e-5, 0.0, 2e-8, 0.004), (5e-5, 2e-8, 0.006)),
-    E: ((2.4e-8, 6e-5, 2e-5, 2.4e-8, 0.02), (6e-5, 2.4e-8, 0.02)),
+    G: ((2e-8, 5e-5, 0.0, 2e-8, 0.004, 1e-4), (5e-5, 2e-8, 0.006)),
+    E: ((2.4e-8, 6e-5, 2e-5, 2.4e-8, 0.02, 3e-4), (6e-5, 2.4e-8, 0.02)),
 }
 
 
@@ -36,11 +37,12 @@ class FakeHost:
     name = "fake"
 
     def __init__(self, modes=BOTH, mixed=True, noise=0.0, stragglers=0.0, seed=0, fail_on=None,
-                 engine_version="1.2.3"):
+                 engine_version="1.2.3", true=None):
         self.caps = HostCapabilities(engine="fake", engine_version=engine_version, graph_modes=modes,
                                      mixed_batches=mixed, max_finetune_tokens_per_step=2048)
         self.rng = random.Random(seed)
         self.noise, self.stragglers, self.fail_on = noise, stragglers, fail_on
+        self.true = TRUE if true is None else true
         self.calls: list[ProfileShape] = []
 
     def capabilities(self) -> HostCapabilities:
@@ -55,7 +57,7 @@ class FakeHost:
         if self.fail_on is not None and len(self.calls) == self.fail_on:
             raise RuntimeError("device lost")
         kv = shape.num_decode * shape.decode_context
-        p, d = TRUE[shape.mode]
+        p, d = self.true[shape.mode]
         if shape.prefill_lengths or shape.finetune_lengths:
             y = eq1_time(p, *prefill_features(shape.prefill_lengths, shape.num_decode, kv, shape.finetune_lengths))
         else:
@@ -79,7 +81,7 @@ def test_sweep_has_the_paper_families_for_each_mode():
     sweep = sweep_for(FakeHost())
     families = Counter((s.mode, s.tags[0]) for s in sweep)
     for mode in (G, E):
-        for tag in ("prefill_length", "prefill_split", "decode_grid", "mixed"):
+        for tag in ("prefill_length", "prefill_split", "decode_grid", "mixed", "rows"):
             assert families[(mode, tag)] >= 4, (mode, tag)
     assert families[(E, "finetune")] >= 10 and families[(G, "finetune")] == 0
     assert all(not s.finetune_lengths or s.mode is E for s in sweep)  # FT-carrying shapes only eager
@@ -102,6 +104,28 @@ def test_sweep_respects_limits():
     assert max(len(s.prefill_lengths) for s in splits) == 16
     assert len({(s.prefill_lengths, s.num_decode, s.decode_context, s.finetune_lengths, s.mode) for s in sweep}) \
         == len(sweep)
+
+
+def test_sweep_rows_family_isolates_the_row_count():
+    """δ's family: many short prompts, and (mixed hosts) prompt+decodes paired with a lone prompt of the same
+    Σ(n+B_d)² and T_in+B_d, so the pair differs only in R (and a little KV)."""
+    sweep = sweep_for(FakeHost())
+    rows = [s for s in sweep if s.tags == ("rows",) and s.mode is E]
+    short = [s for s in rows if not s.num_decode and len(s.prefill_lengths) > 1]
+    assert max(len(s.prefill_lengths) for s in short) == 64  # max(max_split, max_decode_batch)
+    assert all(set(s.prefill_lengths) == {16} for s in short)
+    keys = {(s.prefill_lengths, s.num_decode) for s in sweep if s.mode is E}
+    with_decodes = [s for s in rows if s.num_decode]
+    assert len(with_decodes) >= 4
+    for s in with_decodes:
+        twin = (s.prefill_lengths[0] + s.num_decode,)
+        assert (twin, 0) in keys, s  # its single-row twin (possibly tagged by another family)
+        assert prefill_features(s.prefill_lengths, s.num_decode, 0)[:2] == prefill_features(twin, 0, 0)[:2]
+    small = build_sweep(FakeHost(mixed=False).capabilities(), 64, 8, 1024, 64, max_rows=100)
+    assert max(len(s.prefill_lengths) for s in small if s.tags == ("rows",)) == 4  # 4 x 16 tokens fit in 64
+    assert not [s for s in small if s.prefill_lengths and s.num_decode]
+    with pytest.raises(ValueError, match="max_rows"):
+        build_sweep(FakeHost().capabilities(), 64, 8, 1024, 64, max_rows=0)
 
 
 def test_sweep_without_mixed_batches_or_eager():
@@ -131,6 +155,7 @@ def test_calibrate_recovers_coefficients_through_the_host():
     for mode, (p, d) in TRUE.items():
         got_p = profile.model.eq1_coefficients(mode)
         got_d = profile.model.eq2_coefficients(mode)
+        assert len(got_p) == len(p) == 6  # δ is fitted and recovered with the rest
         for want, got in zip(p + d, got_p + got_d):
             assert got == pytest.approx(want, rel=0.01, abs=1e-15)
     assert set(profile.quality) == {G, E}
@@ -145,6 +170,30 @@ def test_calibrate_with_noise_reports_quality():
     assert len(profile.records) == 2 * len(sweep_for(host))
     for q in profile.quality.values():
         assert 0.002 < q.mape < 0.02 and q.p95_ape < 0.04
+
+
+@pytest.mark.parametrize("mixed", [True, False])
+def test_sweep_identifies_delta_under_noise(mixed):
+    """With 1 % timing noise the sweep still pins δ (and the other Equation I coefficients carrying real
+    time): the rows family gives R its own lever, on mixed and non-mixed hosts alike."""
+    host = FakeHost(mixed=mixed, noise=0.01, seed=4)
+    profile = calibrate(host, sweep_for(host, repeats=3), progress=False)
+    for mode, (p, _) in TRUE.items():
+        got = profile.model.eq1_coefficients(mode)
+        assert got[5] == pytest.approx(p[5], rel=0.1), (mode, got)
+        for i in (0, 1, 4):  # α, β, c
+            assert got[i] == pytest.approx(p[i], rel=0.1), (mode, i, got)
+
+
+def test_host_without_row_cost_fits_delta_near_zero():
+    flat = {m: (p[:5] + (0.0,), d) for m, (p, d) in TRUE.items()}
+    host = FakeHost(true=flat)
+    profile = calibrate(host, sweep_for(host), progress=False)
+    for mode, (p, _) in flat.items():
+        got = profile.model.eq1_coefficients(mode)
+        assert got[5] <= 1e-9 * p[4]
+        for want, g in zip(p[:5], got[:5]):
+            assert g == pytest.approx(want, rel=0.01, abs=1e-15)
 
 
 def test_calibrate_progress_bar(capsys):
@@ -215,6 +264,20 @@ def test_load_or_calibrate_reuses_matching_profiles(tmp_path):
     load_or_calibrate(host, store, progress=False, force=True, max_prefill_tokens=512, max_decode_batch=8,
                       max_kv=4096)
     assert len(host.calls) > calls
+    # a profile stored before Equation I had δ (format version 1) is refused with a warning and recalibrated
+    path = store.path_for(first.key)
+    old = json.loads(path.read_text())
+    old["version"] = 1
+    old["model"]["version"] = 1
+    for eqs in old["model"]["fits"].values():
+        eqs["prefill"]["coefficients"].pop("delta")
+    path.write_text(json.dumps(old))
+    calls = len(host.calls)
+    with pytest.warns(RuntimeWarning, match="version 1.*recalibrate"):
+        fresh = load_or_calibrate(host, store, progress=False, max_prefill_tokens=512, max_decode_batch=8,
+                                  max_kv=4096)
+    assert len(host.calls) > calls and fresh.model.eq1_coefficients(E)[5] == pytest.approx(TRUE[E][0][5], rel=0.01)
+    assert json.loads(path.read_text())["version"] == 2  # the recalibrated profile replaced the old file
     upgraded = FakeHost(engine_version="2.0")
     load_or_calibrate(upgraded, store, progress=False, max_prefill_tokens=512, max_decode_batch=8, max_kv=4096)
     assert upgraded.calls  # a new engine version is a different key: recalibrated

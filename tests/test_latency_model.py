@@ -1,4 +1,5 @@
-"""Latency model: Equations I/II by hand, NNLS recovery of known coefficients, online refit, fallbacks, JSON."""
+"""Latency model: Equations I/II by hand (Equation I with its per-row term δ·R), NNLS recovery of known
+coefficients, online refit, fallbacks, JSON."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ from deltaserve_core.types import ExecutionMode, ProposedBatch, ScheduledRequest
 
 G, E = ExecutionMode.GRAPH, ExecutionMode.EAGER
 
-P_GRAPH = PrefillCoefficients(alpha=2e-8, beta=5e-5, gamma=0.0, eps=2e-8, c=0.004)
+P_GRAPH = PrefillCoefficients(alpha=2e-8, beta=5e-5, gamma=0.0, eps=2e-8, c=0.004, delta=1e-4)
 D_GRAPH = DecodeCoefficients(beta=5e-5, eps=2e-8, c=0.006)
-P_EAGER = PrefillCoefficients(alpha=2.4e-8, beta=6e-5, gamma=2e-5, eps=2.4e-8, c=0.02)
+P_EAGER = PrefillCoefficients(alpha=2.4e-8, beta=6e-5, gamma=2e-5, eps=2.4e-8, c=0.02, delta=3e-4)
 D_EAGER = DecodeCoefficients(beta=6e-5, eps=2.4e-8, c=0.02)
 TRUE = {G: (P_GRAPH, D_GRAPH), E: (P_EAGER, D_EAGER)}
 
@@ -97,12 +98,27 @@ def hand_model() -> LatencyModel:
 
 def test_equation_one_by_hand_with_finetune_rows_as_prefill_rows():
     m = hand_model()
-    a, b, g, e, c = P_EAGER.as_tuple()
-    # prompts 100 and 50, 2 decodes reading 300 KV tokens, one 30-token FT sample
-    want = a * ((100 + 2) ** 2 + (50 + 2) ** 2 + (30 + 2) ** 2) + b * (100 + 50 + 30 + 2) + g * 30 + e * 300 + c
+    a, b, g, e, c, d = P_EAGER.as_tuple()
+    # prompts 100 and 50, 2 decodes reading 300 KV tokens, one 30-token FT sample: R = 2 + 2 + 1 rows
+    want = (a * ((100 + 2) ** 2 + (50 + 2) ** 2 + (30 + 2) ** 2) + b * (100 + 50 + 30 + 2) + g * 30 + e * 300
+            + d * 5 + c)
     assert m.predict((100, 50), 2, 300, (30,), E) == pytest.approx(want, rel=1e-12)
-    # an FT-only step is Equation I too
-    assert m.predict((), 0, 0, (40,), E) == pytest.approx(a * 40 * 40 + b * 40 + g * 40 + c, rel=1e-12)
+    # an FT-only step is Equation I too (one row)
+    assert m.predict((), 0, 0, (40,), E) == pytest.approx(a * 40 * 40 + b * 40 + g * 40 + d + c, rel=1e-12)
+
+
+def test_row_term_and_backward_compatible_forms():
+    """δ is the trailing field: the paper's positional 5-coefficient form still builds Equation I with δ = 0,
+    and eq1_time accepts both the 5-tuple and 4 features (the pre-δ call forms)."""
+    p5 = PrefillCoefficients(2e-8, 5e-5, 1e-5, 2e-8, 0.004)
+    assert p5.delta == 0.0 and p5.as_tuple() == (2e-8, 5e-5, 1e-5, 2e-8, 0.004, 0.0)
+    feats = prefill_features((10, 20), 3, 90, (7, 8, 9))
+    assert feats == ((13**2 + 23**2 + 10**2 + 11**2 + 12**2), 10 + 20 + 7 + 8 + 9 + 3, 24, 90, 2 + 3 + 3)
+    assert eq1_time(p5.as_tuple()[:5], *feats) == eq1_time(p5.as_tuple(), *feats) == eq1_time(p5.as_tuple(), *feats[:4])
+    with_rows = PrefillCoefficients(2e-8, 5e-5, 1e-5, 2e-8, 0.004, delta=1e-3)
+    assert eq1_time(with_rows.as_tuple(), *feats) == pytest.approx(eq1_time(p5.as_tuple(), *feats) + 8e-3, rel=1e-12)
+    with pytest.raises(ValueError, match="delta"):
+        PrefillCoefficients(0, 0, 0, 0, 0, delta=-1e-6)
 
 
 def test_equation_two_by_hand():
@@ -134,11 +150,11 @@ def test_negative_coefficients_refused():
 
 
 @settings(max_examples=15, deadline=None)
-@given(scale=st.lists(st.floats(0.2, 5.0), min_size=8, max_size=8), seed=st.integers(0, 2**16))
+@given(scale=st.lists(st.floats(0.2, 5.0), min_size=9, max_size=9), seed=st.integers(0, 2**16))
 def test_fit_recovers_known_coefficients_within_one_percent(scale, seed):
-    """Noise-free records from random (positive) coefficients: NNLS recovers every one within 1 %."""
+    """Noise-free records from random (positive) coefficients: NNLS recovers every one, δ included, within 1 %."""
     p = PrefillCoefficients(alpha=2e-8 * scale[0], beta=5e-5 * scale[1], gamma=2e-5 * scale[2],
-                            eps=2e-8 * scale[3], c=0.01 * scale[4])
+                            eps=2e-8 * scale[3], c=0.01 * scale[4], delta=2e-4 * scale[8])
     d = DecodeCoefficients(beta=5e-5 * scale[5], eps=2e-8 * scale[6], c=0.01 * scale[7])
 
     def truth(mode, prefill, bd, kv, ft):
@@ -155,6 +171,27 @@ def test_fit_recovers_known_coefficients_within_one_percent(scale, seed):
     graph_p = m.coefficients(G, Equation.PREFILL)  # graph steps never carry FT: γ stays 0 there
     assert graph_p.gamma == 0.0
     assert graph_p.alpha == pytest.approx(p.alpha, rel=0.01) and graph_p.c == pytest.approx(p.c, rel=0.01)
+    assert graph_p.delta == pytest.approx(p.delta, rel=0.01)
+
+
+def test_fit_without_a_row_cost_keeps_delta_near_zero():
+    """An engine with one varlen attention kernel has no per-row cost: NNLS fits δ ≈ 0 (it cannot go
+    negative) and Equation I is the paper's."""
+    flat = {mode: (PrefillCoefficients(*p.as_tuple()[:5]), d) for mode, (p, d) in TRUE.items()}
+
+    def truth(mode, prefill, bd, kv, ft):
+        p, d = flat[mode]
+        if prefill or ft:
+            return eq1_time(p.as_tuple(), *prefill_features(prefill, bd, kv, ft))
+        return eq2_time(d.as_tuple(), bd, kv)
+
+    m = LatencyModel()
+    m.fit(synthetic_records(random.Random(21), n=240, truth=truth))
+    for mode, (p, _) in flat.items():
+        got = m.coefficients(mode, Equation.PREFILL)
+        assert got.delta <= 1e-9 * p.c  # numerically zero next to a step's constant cost
+        for name in ("alpha", "beta", "gamma", "eps", "c"):
+            assert getattr(got, name) == pytest.approx(getattr(p, name), rel=0.01, abs=1e-12)
 
 
 def test_fit_trims_outliers():
@@ -247,8 +284,8 @@ def test_fallbacks_are_explicit():
     assert m.source(G, Equation.PREFILL).startswith("fallback:eager")
     assert m.source(E, Equation.DECODE).startswith("fallback:prefill")
     assert m.predict((100,), 0, 0, (), G) == m.predict((100,), 0, 0, (), E)
-    a, b, g, e, c = P_EAGER.as_tuple()
-    assert m.predict((), 4, 100, (), E) == pytest.approx(b * 4 + e * 100 + c)
+    a, b, g, e, c, d = P_EAGER.as_tuple()
+    assert m.predict((), 4, 100, (), E) == pytest.approx((b + d) * 4 + e * 100 + c)  # 4 decode rows
     m.set_coefficients(G, decode=D_GRAPH)
     assert m.source(E, Equation.DECODE).startswith("fallback:graph")
     assert m.source(G, Equation.DECODE) == "set"
@@ -264,6 +301,10 @@ def test_min_prefill_time_is_a_lower_bound_over_modes():
     m = hand_model()
     for n in (1, 17, 512, 4096):
         assert m.min_prefill_time(n) <= min(m.predict((n,), 0, 0, (), mode) for mode in (G, E)) + 1e-15
+    # the one row of the request's own prefill step is part of the floor (δ folded into the constant)
+    a, b, c = m.prefill_floor_coefficients()
+    assert c == pytest.approx(min(P_GRAPH.c, P_EAGER.c) + min(P_GRAPH.delta, P_EAGER.delta))
+    assert m.min_prefill_time(100) == pytest.approx(a * 100**2 + b * 100 + c)
 
 
 # --------------------------------------------------------------------------------------------- persistence
@@ -286,6 +327,10 @@ def test_json_round_trip():
         LatencyModel.from_dict({"format": "something else"})
     with pytest.raises(ValueError, match="version"):
         LatencyModel.from_dict({**data, "version": 99})
+    # a model saved before δ existed (version 1) is refused with a pointer to recalibrate, not misread
+    with pytest.raises(ValueError, match="recalibrate"):
+        LatencyModel.from_dict({**data, "version": 1})
+    assert data["fits"]["eager"]["prefill"]["coefficients"]["delta"] == m.coefficients(E, Equation.PREFILL).delta
 
 
 def test_invalid_configuration_refused():

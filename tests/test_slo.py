@@ -118,6 +118,21 @@ def test_earliest_arrival_binds_ttft_and_queue_wait_counts():
     assert budget.delta == pytest.approx(0.4) and budget.request_id == "early" and budget.binding == "ttft"
 
 
+def test_waiting_request_charge_includes_its_row():
+    """With Equation I's per-row δ the queued request's own prefill step costs at least one row more."""
+    m = LatencyModel()
+    m.set_coefficients(G, prefill=PrefillCoefficients(1e-8, 4e-5, 0.0, 1e-8, 0.004, delta=0.003),
+                       decode=DecodeCoefficients(4e-5, 1e-8, 0.005))
+    m.set_coefficients(E, prefill=PrefillCoefficients(2e-8, 5e-5, 1e-5, 2e-8, 0.02, delta=0.001),
+                       decode=DecodeCoefficients(5e-5, 2e-8, 0.02))
+    own = 1e-8 * 1000**2 + 4e-5 * 1000 + 0.004 + 0.001  # coefficient-wise minimum over modes, R = 1
+    assert m.min_prefill_time(1000) == pytest.approx(own)
+    assert own <= min(m.predict((1000,), 0, 0, (), mode) for mode in (G, E))
+    slo = SLOConfig(ttft_s=1.0, tpot_s=0.5)
+    b = batch([prefill("p", arrival=NOW - 0.1)], waiting=[prefill("w", arrival=NOW - 0.5, n=1000)])
+    assert step_budget(b, slo, m).delta == pytest.approx(0.5 - own)
+
+
 def test_waiting_request_is_charged_its_own_prefill_step():
     """A queued prompt sits out this step and then needs its own prefill: Δ leaves room for that step."""
     m = model()

@@ -17,6 +17,8 @@ Algorithm 1, as implemented by :meth:`Admission.decide`:
       :func:`deltaserve_core.slo.step_budget` (which also applies the average-TPOT SLO and per-request
       overrides, and the fine-tuning-only cap for an empty batch).
 11-13. If the inference batch alone, priced in the host's own mode (``batch.mode``), exceeds Δ: nothing.
+      Prices use Equation I with its per-row term δ·R (see :mod:`.latency_model`): each admitted sample adds
+      a row, so on engines with a per-sequence cost many short samples cost more than one long one.
 14-22. Samples in increasing token length; each joins while the buffer/step cap holds and the mixed step,
       priced with *eager* coefficients (capture hooks force eager execution), stays ≤ Δ; the first sample
       that fails either check ends the walk, as in the paper (``break``, not ``continue``).
@@ -197,13 +199,15 @@ class Admission:
                              deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
         delta = budget.delta
 
-        # Lines 11-13, in the host's own mode. Σ(nᵢ+B_d)² = Σn² + 2·B_d·Σn + p·B_d², exact in integers.
+        # Lines 11-13, in the host's own mode. Σ(nᵢ+B_d)² = Σn² + 2·B_d·Σn + p·B_d², exact in integers;
+        # the inference batch has R = p + B_d rows (δ's feature, see latency_model).
         p, lin, bd, kv = budget.num_prefill, budget.prefill_tokens, budget.num_decode, budget.kv_tokens
         sum_sq = budget.prefill_sq + 2 * bd * lin + p * bd * bd
         t_lin = lin + bd
+        rows = p + bd
         mode = batch.mode
         if p:
-            inference = eq1_time(model.eq1_coefficients(mode), sum_sq, t_lin, 0, kv)  # type: ignore[arg-type]
+            inference = eq1_time(model.eq1_coefficients(mode), sum_sq, t_lin, 0, kv, rows)  # type: ignore[arg-type]
         elif bd:
             inference = eq2_time(model.eq2_coefficients(mode), bd, kv)  # type: ignore[arg-type]
         else:
@@ -212,14 +216,15 @@ class Admission:
             return AdmissionDecision((), delta, inference, None, AdmissionReason.NO_SLACK, budget=budget)
 
         # Lines 14-22, eager coefficients. Both stopping tests are monotone in the number of samples taken
-        # (tokens grow; every coefficient is ≥ 0 and the integer features only grow, and IEEE rounding is
-        # monotone), so the sample-by-sample walk stops exactly where a bisection over prefix sums does.
+        # (tokens grow; every coefficient is ≥ 0 and the integer features -- the row count R included, one
+        # more per sample -- only grow, and IEEE rounding is monotone), so the sample-by-sample walk stops
+        # exactly where a bisection over prefix sums does.
         # The pool is read in growing blocks and each block is settled with C-level prefix sums and a
         # bisection: the same samples as the literal loop, at a fraction of the interpreter work when many
         # short samples fit. Features are exact integers and the cost is evaluated with eq1_time's own
         # expression, so predictions are bit-identical to LatencyModel.predict on the mixed batch.
         coef = model.eq1_coefficients(ExecutionMode.EAGER)
-        a, b, g, e, c = coef  # type: ignore[misc]
+        a, b, g, e, c, d = coef  # type: ignore[misc]
         ekv = e * kv
         limit = buffer_free_tokens if buffer_free_tokens < self.max_ft_tokens_per_step else self.max_ft_tokens_per_step
         admitted: list[FineTuneSample] = []
@@ -227,7 +232,7 @@ class Admission:
         stopped_by = "pool_exhausted"
         source = pool.iter_by_length()
         block_size = _FIRST_BLOCK
-        per_token = b + g  # every FT token adds at least β + γ (the quadratic term only adds more)
+        per_token = b + g  # every FT token adds at least β + γ (the quadratic and per-row terms only add more)
         while True:
             block = list(islice(source, block_size))
             if not block:
@@ -238,13 +243,15 @@ class Admission:
             s_pre = list(accumulate(map(mul, shifted, shifted), initial=sum_sq))
             fits_buffer = bisect_right(f_pre, limit) - 1  # line 16: most samples of the block within S_max
             lo, hi = 0, fits_buffer  # cost with lo samples is known to fit (lo = 0: the state before the block)
-            if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + c <= delta:
+            # rows with j more samples: rows + j (the j-th sample is one more row)
+            if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + d * (rows + hi) + c <= delta:
                 lo = hi
             else:
                 hi -= 1  # the largest count still in question
                 while lo < hi:  # line 17: largest count whose mixed step stays within Δ
                     mid = (lo + hi + 1) >> 1
-                    if a * s_pre[mid] + b * (t_lin + f_pre[mid]) + g * f_pre[mid] + ekv + c <= delta:
+                    if a * s_pre[mid] + b * (t_lin + f_pre[mid]) + g * f_pre[mid] + ekv + d * (rows + mid) + c \
+                            <= delta:
                         lo = mid
                     else:
                         hi = mid - 1
@@ -252,6 +259,7 @@ class Admission:
                 admitted.extend(block[:lo])
                 tokens = f_pre[lo]
                 sum_sq = s_pre[lo]
+                rows += lo
             if lo < len(block):
                 stopped_by = "buffer" if lo == fits_buffer else "budget"
                 break
@@ -260,7 +268,7 @@ class Admission:
             # amount read ahead depends on this estimate, never which samples are admitted.)
             room = limit - tokens
             if per_token > 0:
-                now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + c
+                now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + d * rows + c
                 room = min(room, int((delta - now_cost) / per_token) + 1)
             block_size = max(1, room // lens[-1] + 1)
 
@@ -271,7 +279,7 @@ class Admission:
             return AdmissionDecision((), delta, inference, None, reason, stopped_by, budget)
         samples = tuple(admitted)
         pool.claim(samples)  # line 23
-        mixed = eq1_time(coef, sum_sq, t_lin + tokens, tokens, kv)  # type: ignore[arg-type]
+        mixed = eq1_time(coef, sum_sq, t_lin + tokens, tokens, kv, rows)  # type: ignore[arg-type]
         return AdmissionDecision(samples, delta, inference, mixed, AdmissionReason.ADMITTED, stopped_by, budget)
 
 

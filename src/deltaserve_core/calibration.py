@@ -19,6 +19,19 @@ The sweep has the four families of shapes the paper names, for every execution m
 On hosts with mixed batches a ``mixed`` family (prompts sharing the step with decode batches) adds the
 B_d cross term and ε of Equation I.
 
+Beyond the paper, a ``rows`` family pins δ, Equation I's per-row cost (see :mod:`.latency_model`). The
+``prefill_split`` family varies the row count R at a fixed T_in, but Σnᵢ² falls as 1/k there while R grows
+as k, so on a long total the quadratic term swamps δ. ``rows`` varies R where little else moves:
+
+* k prompts of ``min_prefill`` tokens each, k = 1..``max_rows``: the step grows by (α m² + β m + δ) per row
+  with a tiny m, so δ carries most of each added row, while ``prefill_length`` (R = 1 throughout) pins
+  α, β and c;
+* on mixed hosts, one ``min_prefill`` prompt plus B_d decodes at the shortest context, each *paired* with
+  a lone prompt of ``min_prefill + B_d`` tokens: the two have the same Σ(nᵢ+B_d)² and T_in + B_d, so they
+  differ only by ε K (small, and pinned by the ``mixed`` family) and δ B_d.
+
+The fine-tuning family's short and long samples at equal totals vary R as well, on the eager side.
+
 ``max_prefill_tokens`` is the host's per-step token budget for prompt rows (inference and fine-tuning
 together); fine-tuning shapes keep their inference prompt plus fine-tuning tokens within it.
 """
@@ -59,7 +72,8 @@ __all__ = [
 ]
 
 PROFILE_FORMAT = "deltaserve.calibration_profile"
-_PROFILE_VERSION = 1
+# Version 2: Equation I has the per-row term δ (a version-1 profile lacks it and is refused: recalibrate).
+_PROFILE_VERSION = 2
 
 
 class CalibrationError(RuntimeError):
@@ -109,18 +123,23 @@ def build_sweep(
     max_split: int = 16,
     min_prefill: int = 16,
     repeats: int = 1,
+    max_rows: int | None = None,
 ) -> list[ProfileShape]:
     """The calibration shapes for a host (see the module docs for the families).
 
     ``max_kv`` bounds the total KV tokens of a decode batch (per-request context = K / B_d);
     ``max_ft_tokens`` is capped by ``capabilities.max_finetune_tokens_per_step``; ``points`` is the number
     of values per swept axis; ``repeats`` is stored in each shape (:func:`calibrate` runs a shape that
-    many times, each run one record). Every shape carries a ``tags`` entry naming its family.
+    many times, each run one record); ``max_rows`` bounds the prompt count of the ``rows`` family (default
+    ``max(max_split, max_decode_batch)``, and never more prompts of ``min_prefill`` tokens than fit in
+    ``max_prefill_tokens``). Every shape carries a ``tags`` entry naming its family.
     """
     for name, value in (("max_prefill_tokens", max_prefill_tokens), ("max_decode_batch", max_decode_batch),
                         ("max_kv", max_kv), ("points", points), ("max_split", max_split), ("repeats", repeats)):
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"build_sweep: {name} must be a positive integer, got {value!r}")
+    if max_rows is not None and (not isinstance(max_rows, int) or max_rows <= 0):
+        raise ValueError(f"build_sweep: max_rows must be a positive integer, got {max_rows!r}")
     if not isinstance(max_ft_tokens, int) or max_ft_tokens < 0:
         raise ValueError(f"build_sweep: max_ft_tokens must be a non-negative integer, got {max_ft_tokens!r}")
     min_prefill = max(2, min(min_prefill, max_prefill_tokens))
@@ -142,6 +161,9 @@ def build_sweep(
     split_totals = sorted({max_prefill_tokens, max(min_prefill, max_prefill_tokens // 4)})
     mid_len = lengths[len(lengths) // 2]
     small_len = lengths[max(0, len(lengths) // 4)]
+    row_cap = min(max_rows if max_rows is not None else max(max_split, max_decode_batch),
+                  max(1, max_prefill_tokens // min_prefill))
+    row_counts = _geometric(1, row_cap, points)
 
     def contexts(bd: int) -> list[int]:
         top = max(1, max_kv // bd)
@@ -162,6 +184,14 @@ def build_sweep(
                 for bd in _geometric(1, max_decode_batch, max(2, points // 2)):
                     for ctx in (contexts(bd)[0], contexts(bd)[-1]):
                         add(mode, "mixed", (n,), bd, ctx)
+        # δ (per-row cost): R varies while the token terms barely move (see the module docs).
+        for k in row_counts:
+            add(mode, "rows", (min_prefill,) * k)
+        if capabilities.mixed_batches:
+            for bd in batch_sizes:
+                if min_prefill + bd <= max_prefill_tokens:
+                    add(mode, "rows", (min_prefill,), bd, contexts(bd)[0])
+                    add(mode, "rows", (min_prefill + bd,))  # same Σ(n+B_d)² and T_in+B_d, R = 1
 
     if ExecutionMode.EAGER in capabilities.graph_modes and ft_cap >= 2:
         mode = ExecutionMode.EAGER

@@ -13,7 +13,7 @@ The equations
 -------------
 For a step that computes any prefill row (an inference prompt chunk *or* a fine-tuning sample), Equation I::
 
-    T ≈ α Σᵢ (nᵢ + B_d)² + β (T_in + B_d) + γ T_ft + ε K + c
+    T ≈ α Σᵢ (nᵢ + B_d)² + β (T_in + B_d) + γ T_ft + ε K + δ R + c
 
 For a decode-only step, Equation II::
 
@@ -26,6 +26,24 @@ fine-tuning tokens *again*, so γ isolates what fine-tuning adds on top of an eq
 activation capture (the per-layer copy into the activation buffer) and the LoRA path of the reserved adapter.
 The split is what lets the calibration sweep identify γ: its prefill-only shapes pin α and β, its
 fine-tuning shapes then only move γ.
+
+The per-row term δ R (beyond the paper)
+---------------------------------------
+``R`` is the number of rows (sequences) in the step: prefill requests + decode requests + fine-tuning
+samples. The paper's Equation I has no term for it, which is right for an engine that runs a step's
+attention as *one* variable-length kernel over all rows: there a row costs only its tokens. But many engines
+pay a fixed cost per sequence -- the reference host loops over requests for attention, S-LoRA-style
+per-request kernels launch once per row, and on a GPU small steps are launch-bound, so every extra row adds
+kernel launches, metadata and a gather/scatter of its KV. Equation I then has to smear that cost over
+α, β and c, and mis-prices steps with many short rows (a decode batch joining a prompt, a pile of short
+fine-tuning samples). ``benchmarks/latency_model.py`` measured it: on the reference host with the tiny model
+adding δ R cut Equation I's held-out error from 10.9 % to 6.5 %. Because the fit is non-negative, an engine
+without a per-row cost simply fits δ ≈ 0 and Equation I reduces to the paper's. Equation II has no separate
+δ′: in a decode-only step R = B_d, so a per-row cost is already what β′ measures.
+
+``δ`` is the *last* field of :class:`PrefillCoefficients` and of the coefficient tuples, ``(α, β, γ, ε, c, δ)``,
+so code that builds coefficients positionally as ``(α, β, γ, ε, c)`` keeps working (δ defaults to 0), and
+:func:`eq1_time` also accepts the paper's 5-tuple. :func:`prefill_features` returns ``R`` as a fifth feature.
 
 Fitting
 -------
@@ -55,7 +73,8 @@ Fallbacks when a mode has no fit of its own (documented, not silent -- see :meth
   GRAPH fit this over-estimates (eager is slower), which is safe for SLOs; for a missing EAGER fit it
   under-estimates, so a host with graph modes should always be calibrated in eager too (the calibration
   sweep does that).
-* Equation II missing in both modes: Equation I of the same mode with no prefill rows, i.e. β·B_d + ε·K + c.
+* Equation II missing in both modes: Equation I of the same mode with no prefill rows, i.e. (β + δ)·B_d + ε·K + c
+  (the B_d decode rows are the step's R).
 * Equation I missing in both modes: the model cannot price prefill; :attr:`LatencyModel.is_ready` is False,
   :meth:`LatencyModel.predict` raises :class:`LatencyModelNotFitted` and admission admits nothing.
 """
@@ -88,7 +107,8 @@ __all__ = [
 
 #: ``format`` field of :meth:`LatencyModel.to_dict`; bump the version when the layout changes.
 MODEL_FORMAT = "deltaserve.latency_model"
-_MODEL_FORMAT_VERSION = 1
+# Version 2: Equation I gained δ (per-row cost); version-1 files have no δ and are refused (recalibrate).
+_MODEL_FORMAT_VERSION = 2
 
 _MODES: tuple[ExecutionMode, ...] = (ExecutionMode.GRAPH, ExecutionMode.EAGER)
 _OTHER = {ExecutionMode.GRAPH: ExecutionMode.EAGER, ExecutionMode.EAGER: ExecutionMode.GRAPH}
@@ -107,19 +127,25 @@ class LatencyModelNotFitted(LookupError):
 
 @dataclass(frozen=True, slots=True)
 class PrefillCoefficients:
-    """Equation I coefficients, in seconds per unit of each feature."""
+    """Equation I coefficients, in seconds per unit of each feature.
+
+    ``delta`` (δ, seconds per row of the step; see the module docs) is last and defaults to 0, the paper's
+    Equation I, so ``PrefillCoefficients(α, β, γ, ε, c)`` keeps its meaning.
+    """
 
     alpha: float
     beta: float
     gamma: float
     eps: float
     c: float
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
         _check_coefficients(self)
 
-    def as_tuple(self) -> tuple[float, float, float, float, float]:
-        return (self.alpha, self.beta, self.gamma, self.eps, self.c)
+    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
+        """``(α, β, γ, ε, c, δ)``: the layout of :func:`eq1_time`'s ``coef``."""
+        return (self.alpha, self.beta, self.gamma, self.eps, self.c, self.delta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,26 +209,35 @@ class FitQuality:
 
 def prefill_features(
     prefill_lengths: Iterable[int], num_decode: int, kv_tokens: int, ft_lengths: Iterable[int] = ()
-) -> tuple[int, int, int, int]:
-    """Equation I features ``(Σ(nᵢ+B_d)², T_in + B_d, T_ft, K)``; fine-tuning rows count as prefill rows too."""
+) -> tuple[int, int, int, int, int]:
+    """Equation I features ``(Σ(nᵢ+B_d)², T_in + B_d, T_ft, K, R)``; fine-tuning rows count as prefill rows
+    too, and ``R`` = prompts + decodes + fine-tuning samples (the rows of the step, priced by δ)."""
     bd = num_decode
     sum_sq = 0
     t_lin = bd
+    rows = bd
     for n in prefill_lengths:
         m = n + bd
         sum_sq += m * m
         t_lin += n
+        rows += 1
     t_ft = 0
     for n in ft_lengths:
         m = n + bd
         sum_sq += m * m
         t_ft += n
-    return sum_sq, t_lin + t_ft, t_ft, kv_tokens
+        rows += 1
+    return sum_sq, t_lin + t_ft, t_ft, kv_tokens, rows
 
 
-def eq1_time(coef: tuple[float, float, float, float, float], sum_sq: int, t_lin: int, t_ft: int, kv: int) -> float:
-    """Equation I from its features (see :func:`prefill_features`); ``coef`` is ``(α, β, γ, ε, c)``."""
-    return coef[0] * sum_sq + coef[1] * t_lin + coef[2] * t_ft + coef[3] * kv + coef[4]
+def eq1_time(coef: Sequence[float], sum_sq: int, t_lin: int, t_ft: int, kv: int, rows: int = 0) -> float:
+    """Equation I from its features (see :func:`prefill_features`); ``coef`` is ``(α, β, γ, ε, c, δ)``.
+
+    The paper's 5-tuple ``(α, β, γ, ε, c)`` is accepted too (δ = 0). The terms are summed in a fixed order --
+    admission inlines this very expression and relies on bit-identical results.
+    """
+    d = coef[5] if len(coef) > 5 else 0.0
+    return coef[0] * sum_sq + coef[1] * t_lin + coef[2] * t_ft + coef[3] * kv + d * rows + coef[4]
 
 
 def eq2_time(coef: tuple[float, float, float], num_decode: int, kv: int) -> float:
@@ -217,9 +252,10 @@ def _record_row(record: StepRecord) -> tuple[Equation, tuple[float, ...]] | None
         # An aborted step stopped part-way through its layers: its duration says nothing about the shape.
         return None
     if record.prefill_lengths or record.finetune_lengths:
-        s, t, f, k = prefill_features(record.prefill_lengths, record.num_decode, record.kv_tokens,
-                                      record.finetune_lengths)
-        return Equation.PREFILL, (float(s), float(t), float(f), float(k), 1.0, float(y))
+        s, t, f, k, r = prefill_features(record.prefill_lengths, record.num_decode, record.kv_tokens,
+                                         record.finetune_lengths)
+        # column order = PrefillCoefficients field order (α, β, γ, ε, c, δ)
+        return Equation.PREFILL, (float(s), float(t), float(f), float(k), 1.0, float(r), float(y))
     return Equation.DECODE, (float(record.num_decode), float(record.kv_tokens), 1.0, float(y))
 
 
@@ -303,7 +339,8 @@ class LatencyModel:
         if refit_every < 0:
             raise ValueError(f"LatencyModel refit_every must be >= 0 (0 disables automatic refits), got {refit_every}")
         if min_records < 5:
-            raise ValueError(f"LatencyModel min_records must be at least 5 (Equation I has 5 coefficients), "
+            raise ValueError(f"LatencyModel min_records must be at least 5 (Equations I and II have 6 and 3 "
+                             "coefficients; NNLS tolerates the odd under-determined refit), "
                              f"got {min_records}")
         if not outlier_k > 0 or not outlier_floor >= 0:
             raise ValueError("LatencyModel outlier_k must be > 0 and outlier_floor >= 0")
@@ -326,10 +363,10 @@ class LatencyModel:
         self._own_source: dict[tuple[ExecutionMode, Equation], str] = {}
         self.skipped_records = 0
         # Resolved (fallbacks applied) coefficient tuples, read by predict without locking.
-        self._eq1: dict[ExecutionMode, tuple[float, float, float, float, float]] = {}
+        self._eq1: dict[ExecutionMode, tuple[float, float, float, float, float, float]] = {}
         self._eq2: dict[ExecutionMode, tuple[float, float, float]] = {}
         self._sources: dict[tuple[ExecutionMode, Equation], str] = {}
-        self._eq1_floor: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+        self._eq1_floor: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self._ready = False
         self._warned_eager_from_graph = False
 
@@ -358,8 +395,8 @@ class LatencyModel:
             coef = self._eq1.get(mode)
             if coef is None:
                 raise LatencyModelNotFitted(self._missing_message(mode, Equation.PREFILL))
-            s, t, f, k = prefill_features(prefill_lengths, num_decode, kv_tokens, ft_lengths)
-            return eq1_time(coef, s, t, f, k)
+            s, t, f, k, r = prefill_features(prefill_lengths, num_decode, kv_tokens, ft_lengths)
+            return eq1_time(coef, s, t, f, k, r)
         coef2 = self._eq2.get(mode)
         if coef2 is None:
             raise LatencyModelNotFitted(self._missing_message(mode, Equation.DECODE))
@@ -394,18 +431,20 @@ class LatencyModel:
         in whichever mode the host picks (coefficient-wise minimum over modes; 0 when uncalibrated).
 
         Called by the SLO budget for requests still waiting in the queue: whatever this step does, their
-        own prefill step must still run before their first token.
+        own prefill step must still run before their first token. That step has at least the one row, so
+        the floor is α n² + β n + (c + δ).
         """
-        a, b, _, _, c = self._eq1_floor
-        return a * (num_tokens * num_tokens) + b * num_tokens + c
+        a, b, _, _, c, d = self._eq1_floor
+        return a * (num_tokens * num_tokens) + b * num_tokens + (c + d)
 
     def prefill_floor_coefficients(self) -> tuple[float, float, float]:
-        """``(α, β, c)`` of :meth:`min_prefill_time`, for callers that inline it in a per-request loop."""
-        a, b, _, _, c = self._eq1_floor
-        return a, b, c
+        """``(α, β, c + δ)`` of :meth:`min_prefill_time` (δ folded into the constant: the request's own
+        prefill step has at least its one row), for callers that inline it in a per-request loop."""
+        a, b, _, _, c, d = self._eq1_floor
+        return a, b, c + d
 
-    def eq1_coefficients(self, mode: ExecutionMode) -> tuple[float, float, float, float, float] | None:
-        """Resolved ``(α, β, γ, ε, c)`` for ``mode`` (fallbacks applied), or None. For :func:`eq1_time`."""
+    def eq1_coefficients(self, mode: ExecutionMode) -> tuple[float, float, float, float, float, float] | None:
+        """Resolved ``(α, β, γ, ε, c, δ)`` for ``mode`` (fallbacks applied), or None. For :func:`eq1_time`."""
         return self._eq1.get(mode)
 
     def eq2_coefficients(self, mode: ExecutionMode) -> tuple[float, float, float] | None:
@@ -454,7 +493,7 @@ class LatencyModel:
     def _resolve(self) -> None:
         """Rebuild the prediction tables with fallbacks; called with the lock held after every change."""
         sources: dict[tuple[ExecutionMode, Equation], str] = {k: self._own_source.get(k, "fitted") for k in self._fits}
-        eq1: dict[ExecutionMode, tuple[float, float, float, float, float]] = {}
+        eq1: dict[ExecutionMode, tuple[float, float, float, float, float, float]] = {}
         eq2: dict[ExecutionMode, tuple[float, float, float]] = {}
         for mode in _MODES:
             own = self._fits.get((mode, Equation.PREFILL))
@@ -473,12 +512,12 @@ class LatencyModel:
                 eq2[mode] = other.coef  # type: ignore[assignment]
                 sources[(mode, Equation.DECODE)] = f"fallback:{_OTHER[mode].value} decode coefficients"
             elif mode in eq1:
-                a, b, g, e, c = eq1[mode]
-                eq2[mode] = (b, e, c)
+                a, b, g, e, c, d = eq1[mode]
+                eq2[mode] = (b + d, e, c)  # a decode-only step's rows are its B_d decodes
                 sources[(mode, Equation.DECODE)] = "fallback:prefill equation without prefill rows"
         self._sources = sources
         self._eq1_floor = (tuple(min(vals) for vals in zip(*eq1.values())) if eq1  # type: ignore[assignment]
-                           else (0.0, 0.0, 0.0, 0.0, 0.0))
+                           else (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
         self._eq1 = eq1
         self._eq2 = eq2
         self._ready = all(m in eq1 and m in eq2 for m in _MODES)
@@ -640,7 +679,8 @@ class LatencyModel:
         """JSON-able state: configuration and the *own* fits (fallbacks are re-derived on load).
         Records are not included; :class:`~deltaserve_core.calibration.CalibrationProfile` stores those."""
         fits: dict[str, dict[str, Any]] = {}
-        names = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c"), Equation.DECODE: ("beta", "eps", "c")}
+        names = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c", "delta"),
+                 Equation.DECODE: ("beta", "eps", "c")}
         for (mode, equation), fit in self._fits.items():
             fits.setdefault(mode.value, {})[equation.value] = {
                 "coefficients": dict(zip(names[equation], fit.coef)),
