@@ -150,7 +150,7 @@ def test_calibrate_recovers_coefficients_through_the_host():
     host = FakeHost(stragglers=0.03, seed=1)
     sweep = sweep_for(host)
     profile = calibrate(host, sweep, progress=False, warmup=2)
-    assert len(host.calls) == len(sweep) + 2 * 2  # two warm-up steps per mode, not recorded
+    assert len(host.calls) == 2 * len(sweep) + 2 * 2  # each shape warmed once + two warm-up steps per mode, unrecorded
     assert len(profile.records) == len(sweep)
     for mode, (p, d) in TRUE.items():
         got_p = profile.model.eq1_coefficients(mode)

@@ -33,3 +33,16 @@ def test_conformance_passes_as_a_process(host: str) -> None:
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_conformance_options_after_the_host_reach_the_suite(monkeypatch) -> None:  # noqa: ANN001
+    seen = {}
+
+    def fake_main(argv):  # noqa: ANN001, ANN202
+        seen["argv"] = argv
+        return 0
+
+    monkeypatch.setattr("pytest.main", fake_main)
+    assert main(["conformance", "reference", "--device", "cuda", "--dtype", "bfloat16", "--", "-k", "graph"]) == 0
+    argv = seen["argv"]
+    assert "--host-device=cuda" in argv and "--host-dtype=bfloat16" in argv and argv[-2:] == ["-k", "graph"]

@@ -313,6 +313,7 @@ def calibrate(
     progress: bool = True,
     *,
     warmup: int = 2,
+    warm_each_shape: bool = True,
     model: LatencyModel | None = None,
     key: ProfileKey | None = None,
 ) -> CalibrationProfile:
@@ -320,7 +321,10 @@ def calibrate(
 
     Called before the host accepts requests (it executes synthetic steps). Each shape runs
     ``shape.repeats`` times, one record per run; the first shape of each mode first runs ``warmup`` times
-    unrecorded (first steps pay for allocator growth and kernel selection). ``model`` supplies the fitting
+    unrecorded (first steps pay for allocator growth and kernel selection), and with ``warm_each_shape`` every
+    shape runs once unrecorded before its timed runs: on a GPU the first step of a new shape pays for kernel
+    selection and allocator growth (measured on an H200: decode steps priced 2x their steady state without it),
+    and serving runs in steady state. ``model`` supplies the fitting
     configuration (a fresh default one otherwise); ``key`` defaults to :meth:`ProfileKey.for_host`.
     Raises :class:`CalibrationError` naming the host and shape when a step fails, or when the fit leaves a
     mode of the host without coefficients.
@@ -354,6 +358,8 @@ def calibrate(
                 warmed.add(shape.mode)
                 for _ in range(warmup):
                     run(shape, index)
+            if warm_each_shape:
+                run(shape, index)
             for _ in range(max(1, shape.repeats)):
                 records.append(run(shape, index))
                 bar.update(1)

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--xfails-file", default=None, help="checks expected to fail on this host (one name per line)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="engine-specific host option")
     p.add_argument("-v", "--verbose", action="store_true")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
+    p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     p.set_defaults(func=_cmd_conformance)
 
     from .demo import add_demo_arguments
@@ -106,13 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: 2-core machines crawl otherwise
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:  # everything after `--` is for pytest, untouched by our parser
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
-    if getattr(args, "pytest_args", None) and args.pytest_args[:1] == ["--"]:
-        args.pytest_args = args.pytest_args[1:]
+    if hasattr(args, "pytest_args"):
+        args.pytest_args = list(args.pytest_args) + extra
     from .registry import HostUnavailableError, UnknownHostError
 
     try:
         return int(args.func(args))
+    except BrokenPipeError:  # `deltaserve hosts | head`: the reader left, nothing to report
+        return 0
     except (UnknownHostError, HostUnavailableError, ValueError, FileNotFoundError) as exc:
         # Bad input and missing engines are the user's to fix: one line that says what, no traceback
         # (set DELTASERVE_DEBUG=1 to get it).
