@@ -479,6 +479,15 @@ def main(argv: list[str] | None = None) -> int:
 
     check_device(args.device)
     model_path = resolve_model(args.model)
+    from transformers import AutoConfig
+
+    # Engines refuse a sequence longer than the model's context: keep every swept and held-out shape inside it.
+    max_pos = int(getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", 1 << 30))
+    if args.max_prefill >= max_pos or args.max_kv >= max_pos:
+        args.max_prefill = min(args.max_prefill, max_pos // 2)
+        args.max_kv = min(args.max_kv, max_pos - 64)
+        print(f"limits capped to the model's {max_pos}-token context: --max-prefill {args.max_prefill} "
+              f"--max-kv {args.max_kv}")
     label = _model_label(args.model, model_path)
     out_path = args.json or RESULTS / f"latency_model_{args.host}_{label}.json"
     loads: dict[str, Any] = {"start": load_average()}

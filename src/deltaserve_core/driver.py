@@ -8,13 +8,13 @@ operator's ``vllm serve``) never go through the driver: clients talk to the engi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .types import RequestSLO
 
-__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig"]
+__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "check_client_adapter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +117,14 @@ class HostDriver(Protocol):
     def shutdown(self) -> None:
         """Stop the engine and free its memory; idempotent."""
         ...
+
+
+def check_client_adapter(request: ClientRequest, loaded: Collection[str]) -> None:
+    """What every host's ``submit`` must refuse: the reserved fine-tuning adapter, and adapters it never loaded."""
+    from .hooks import RESERVED_ADAPTER_NAME, ReservedAdapterError
+
+    if request.adapter == RESERVED_ADAPTER_NAME:
+        raise ReservedAdapterError(request.adapter)
+    if request.adapter is not None and request.adapter not in loaded:
+        raise ValueError(f"request {request.request_id!r}: unknown adapter {request.adapter!r}; loaded: "
+                         f"{sorted(a for a in loaded if a != RESERVED_ADAPTER_NAME)}")

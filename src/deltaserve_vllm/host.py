@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
-from deltaserve_core.driver import ClientOutput, ClientRequest, HostConfig
+from deltaserve_core.driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
     ActivationSink,
@@ -237,11 +237,7 @@ class VllmHost:
     def submit(self, request: ClientRequest) -> None:
         from vllm import SamplingParams, TokensPrompt
 
-        if request.adapter == RESERVED_ADAPTER_NAME:
-            raise ReservedAdapterError(request.adapter)
-        if request.adapter is not None and request.adapter not in self._adapters:
-            raise ValueError(f"request {request.request_id!r}: unknown adapter {request.adapter!r}; loaded: "
-                             f"{sorted(self._adapters)}")
+        check_client_adapter(request, self._adapters)
         if request.request_id in self._live or request.request_id.startswith(_PROFILE_PREFIX):
             raise ValueError(f"request id {request.request_id!r} is already in flight or reserved")
         slo = request.slo

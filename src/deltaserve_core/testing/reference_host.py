@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..adapter_state import LoraAdapterState, parse_peft_key
-from ..driver import ClientOutput, ClientRequest, HostConfig
+from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter
 from ..hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError, ScheduleInterceptor, StepSink
 from ..registry import HostSpec
 from ..types import (
@@ -192,11 +192,7 @@ class ReferenceHost:
         self._adapters[name] = self._to_lora(LoraAdapterState.load_pretrained(path, name=name))
 
     def submit(self, request: ClientRequest) -> None:
-        if request.adapter == RESERVED_ADAPTER_NAME:
-            raise ReservedAdapterError(request.adapter)
-        if request.adapter is not None and request.adapter not in self._adapters:
-            raise ValueError(f"request {request.request_id!r}: unknown adapter {request.adapter!r}; loaded: "
-                             f"{sorted(a for a in self._adapters if a != RESERVED_ADAPTER_NAME)}")
+        check_client_adapter(request, self._adapters)
         if len(request.prompt_ids) > self.config.max_batch_tokens:
             raise ValueError(f"request {request.request_id!r}: prompt of {len(request.prompt_ids)} tokens exceeds "
                              f"max_batch_tokens={self.config.max_batch_tokens}; raise it in HostConfig")
