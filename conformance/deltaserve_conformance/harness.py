@@ -124,15 +124,19 @@ class ConformanceEnv:
 
 
 def make_prompts(env: ConformanceEnv, count: int, *, seed: int = 0, max_tokens: int = 6,
-                 adapter_every: int = 2, prefix: str = "client") -> list[ClientRequest]:
-    """Prompts of varied lengths, every ``adapter_every``-th on the client adapter (the rest base-only)."""
-    rng = random.Random(seed)
+                 adapter_every: int = 2, prefix: str = "client", token_salt: int = 0) -> list[ClientRequest]:
+    """Prompts of varied lengths, every ``adapter_every``-th on the client adapter (the rest base-only).
+
+    Lengths depend on ``seed`` only; ``token_salt`` draws other tokens for the same lengths (same step shapes
+    without prefix-cache hits on hosts that cache)."""
+    lengths = random.Random(seed)
+    rng = random.Random(f"{seed}/{token_salt}")
     out = []
     for i in range(count):
-        n = rng.randint(3, 24)
+        n = lengths.randint(3, 24)
         ids = tuple(rng.randrange(3, env.vocab_size) for _ in range(n))
         adapter = env.client_adapter if adapter_every and i % adapter_every == adapter_every - 1 else None
-        out.append(ClientRequest(f"{prefix}-{seed}-{i}", ids, max_tokens, adapter=adapter))
+        out.append(ClientRequest(f"{prefix}-{seed}-{token_salt}-{i}", ids, max_tokens, adapter=adapter))
     return out
 
 

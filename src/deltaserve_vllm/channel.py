@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
 from deltaserve_core.types import ExecutionMode, FineTuneSample, StepRecord
@@ -70,6 +71,8 @@ class Channel:
     profile_record: StepRecord | None = None
     worker_attached: bool = False
     scheduler_attached: bool = False
+    #: the CUDA graphs vLLM captured (set by the host after attach; None or empty: every step is eager).
+    graph_sizes: Any = None
 
 
 _CHANNELS: dict[str, Channel] = {}

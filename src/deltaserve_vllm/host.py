@@ -6,6 +6,14 @@
 - ``max_cpu_loras`` (default 16): adapters kept loaded (client + published versions + reserved).
 - ``enable_prefix_caching`` (default true), ``block_size``, ``gpu_memory_utilization`` (CUDA).
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
+- CUDA only: ``cudagraph_mode`` (default ``FULL_DECODE_ONLY``: uniform decode steps replay a full CUDA graph,
+  every other step -- all fine-tuning steps included -- runs eagerly; ``NONE`` = eager only),
+  ``cudagraph_capture_sizes`` (comma-separated batch sizes; default vLLM's), ``enforce_eager`` (default false).
+
+On CUDA the host also sets ``VLLM_USE_V2_MODEL_RUNNER=0`` (the worker extension needs the V1 runner's
+``input_batch``; the V2 runner is the GPU default) and passes ``async_scheduling=False`` (the scheduler subclass is
+synchronous; vLLM's GPU default is the async batch-queue path), with ``compilation_config={"mode": 0,
+"cudagraph_mode": ...}`` (no torch.compile: the layer pre-hooks must run in eager steps).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``)
 so the scheduler subclass and the worker extension meet the hooks installed here (see :mod:`.channel`).
@@ -25,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
-from deltaserve_core.driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter
+from deltaserve_core.driver import (
+    ClientOutput,
+    ClientRequest,
+    HostConfig,
+    check_client_adapter,
+)
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
     ActivationSink,
@@ -44,6 +57,7 @@ from deltaserve_core.types import (
 )
 
 from .channel import CONFIG_KEY, close_channel, open_channel
+from .graphs import GraphSizes, predict_mode
 from .versions import check_supported_vllm
 
 __all__ = ["VllmHost"]
@@ -84,8 +98,20 @@ class VllmHost:
                                "VLLM_ENABLE_V1_MULTIPROCESSING=0 before starting (the operator path "
                                "`vllm serve` attaches through the plugin instead)")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        cuda = config.device.startswith("cuda")
         if config.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(opts.get("kv_cache_space_gib", 1)))
+        if cuda and config.dtype == "float32":
+            # vLLM 0.26's CUDA LoRA kernels (lora/ops/triton_ops) assert fp16/bf16 LoRA weights: an fp32 engine with
+            # enable_lora fails in its first LoRA forward (seen on the H200). Refuse at start-up instead.
+            raise ValueError("deltaserve_vllm on CUDA needs dtype bfloat16 or float16: vLLM's CUDA LoRA kernels do "
+                             "not take float32 LoRA weights (the reserved fine-tuning adapter is a LoRA)")
+        if cuda:
+            # The GPU default is vLLM's V2 model runner, which has no input_batch; the worker extension needs V1.
+            if _flag(os.environ.get("VLLM_USE_V2_MODEL_RUNNER"), False):
+                raise RuntimeError("deltaserve_vllm needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER "
+                                   "or set it to 0")
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         from vllm import LLM
 
         self.config = config
@@ -110,6 +136,15 @@ class VllmHost:
             "worker_extension_cls": "deltaserve_vllm.worker.DeltaServeWorkerExtension",
             "additional_config": {CONFIG_KEY: self._channel.key},
         }
+        if cuda:
+            eager = _flag(opts.get("enforce_eager"), False)
+            compilation: dict[str, Any] = {"mode": 0, "cudagraph_mode": str(opts.get("cudagraph_mode",
+                                                                                     "FULL_DECODE_ONLY"))}
+            if "cudagraph_capture_sizes" in opts:
+                sizes = opts["cudagraph_capture_sizes"]
+                compilation["cudagraph_capture_sizes"] = sorted(
+                    int(x) for x in (sizes.split(",") if isinstance(sizes, str) else sizes))
+            engine_kwargs.update(enforce_eager=eager, compilation_config=compilation, async_scheduling=False)
         if "block_size" in opts:
             engine_kwargs["block_size"] = int(opts["block_size"])
         if "gpu_memory_utilization" in opts:
@@ -124,6 +159,8 @@ class VllmHost:
         if not (self._channel.scheduler_attached and self._channel.worker_attached):
             self.shutdown()
             raise RuntimeError("vLLM did not load the DeltaServe scheduler/worker extension in this process")
+        sizes = self._engine.collective_rpc("deltaserve_graph_sizes")[0]
+        self._channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
         from transformers import AutoConfig
 
         self._hf_config = AutoConfig.from_pretrained(config.model)
@@ -131,7 +168,8 @@ class VllmHost:
             self.load_client_adapter(name, path)
         self._capabilities = HostCapabilities(
             engine=dist, engine_version=version, mixed_batches=True,
-            graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype=config.dtype, device=config.device,
+            graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH} if self._channel.graph_sizes.enabled
+                                  else {ExecutionMode.EAGER}), activation_dtype=config.dtype, device=config.device,
             supports_abort=True, max_finetune_tokens_per_step=config.max_batch_tokens)
 
     # ------------------------------------------------------------------------------------ HostHooks
@@ -155,8 +193,9 @@ class VllmHost:
         self._channel.step_sink = sink
 
     def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
-        # enforce_eager on CPU: vLLM never captures graphs there, so every step runs eagerly.
-        return ExecutionMode.EAGER
+        # CPU (enforce_eager): no graphs, every step eager. CUDA: a uniform decode batch whose padded size vLLM
+        # captured replays a full graph (FULL_DECODE_ONLY); see graphs.py.
+        return predict_mode(batch.scheduled, self._channel.graph_sizes)
 
     def set_finetune_adapter(self, state: LoraAdapterState) -> None:
         from vllm.lora.request import LoRARequest

@@ -20,6 +20,7 @@ fine-tuning requests) keeps vLLM's own pass untouched and runs it once per step,
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import time
 from typing import Any
@@ -39,12 +40,14 @@ from deltaserve_core.types import (
 )
 
 from .channel import CONFIG_KEY, StepPlan, get_channel
+from .graphs import predict_mode
 
 __all__ = ["EXTRA_ARGS_KEY", "FINETUNE_REQUEST_PREFIX", "DeltaServeScheduler"]
 
 #: vLLM request ids of injected fine-tuning rows start with this (never a client id: clients go through
 #: LLMEngine.add_request, which appends a random suffix to whatever id they pass, and the driver refuses it).
 FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
+_FROM_REQUEST_TAKES_MROPE = "uses_mrope" in inspect.signature(NewRequestData.from_request).parameters
 #: ``SamplingParams.extra_args`` key under which the driver passes the client id and SLO to the scheduler
 #: (extra_args is a public field that travels with the request into the EngineCore process).
 EXTRA_ARGS_KEY = "deltaserve"
@@ -71,6 +74,9 @@ class DeltaServeScheduler(Scheduler):
             raise RuntimeError("deltaserve_vllm does not support KV connectors or speculative decoding yet")
         if self.lora_config is None:
             raise RuntimeError("deltaserve_vllm needs enable_lora=True: fine-tuning rows run on a reserved LoRA")
+        if getattr(self.scheduler_config, "async_scheduling", False):
+            raise RuntimeError("deltaserve_vllm has a synchronous scheduler only: start vLLM with "
+                               "async_scheduling=False (VllmHost does)")
 
     def _make_block_hasher(self, hash_block_size: int):
         # Internal requests must carry the engine's block hasher when prefix caching is on (vLLM caches their
@@ -160,8 +166,9 @@ class DeltaServeScheduler(Scheduler):
         waiting = [self._view(r, 0, now_mono, now_wall) for r in self.waiting]
         waiting += [self._view(r, 0, now_mono, now_wall) for r in self.running
                     if r.request_id not in out.num_scheduled_tokens]
+        # The mode vLLM will run this batch in as proposed (before any fine-tuning row is appended).
         return ProposedBatch(step_id=step_id, now=now_mono, scheduled=scheduled, waiting=tuple(waiting),
-                             mode=ExecutionMode.EAGER)
+                             mode=predict_mode(scheduled, self._ds.graph_sizes))
 
     # ------------------------------------------------------------------------------------ injection
 
@@ -202,8 +209,7 @@ class DeltaServeScheduler(Scheduler):
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             # Built before advancing num_computed_tokens: the worker reads it as "computed before this step".
-            out.scheduled_new_reqs.append(NewRequestData.from_request(request, blocks.get_block_ids(),
-                                                                      uses_mrope=self.model_uses_mrope))
+            out.scheduled_new_reqs.append(self._new_request_data(request, blocks.get_block_ids()))
             out.num_scheduled_tokens[rid] = s.num_tokens
             out.total_num_scheduled_tokens += s.num_tokens
             # The bookkeeping _update_after_schedule applies to every request vLLM schedules.
@@ -217,6 +223,12 @@ class DeltaServeScheduler(Scheduler):
             if fresh:
                 out.new_block_ids_to_zero = (out.new_block_ids_to_zero or []) + fresh
         return placed, ()
+
+    def _new_request_data(self, request: Request, block_ids: Any) -> NewRequestData:
+        # vLLM 0.32 added ``uses_mrope`` to from_request; 0.26 (CUDA) has no such parameter.
+        if _FROM_REQUEST_TAKES_MROPE:
+            return NewRequestData.from_request(request, block_ids, uses_mrope=self.model_uses_mrope)
+        return NewRequestData.from_request(request, block_ids)
 
     # ------------------------------------------------------------------------------------ reporting
 

@@ -174,3 +174,26 @@ class DeltaServeWorkerExtension:
         self._deltaserve_state = state
         channel.worker_attached = True
         return len(layers)
+
+    def deltaserve_graph_sizes(self) -> dict[str, list[int]]:
+        """The CUDA graphs this runner captured: all capture sizes and the uniform-decode FULL graph sizes.
+
+        Read from the runner's ``cudagraph_dispatcher`` (the keys it replays from). Empty when the runner has no
+        dispatcher (CPU) or captured nothing (``enforce_eager``, ``cudagraph_mode`` NONE).
+        """
+        runner = self.model_runner  # type: ignore[attr-defined]
+        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+        if dispatcher is None or not getattr(dispatcher, "keys_initialized", False):
+            return {"capture_sizes": [], "decode_sizes": []}
+        from vllm.config import CUDAGraphMode
+
+        if dispatcher.cudagraph_mode == CUDAGraphMode.NONE:
+            return {"capture_sizes": [], "decode_sizes": []}
+        keys = dispatcher.cudagraph_keys.get(CUDAGraphMode.FULL, set())
+        uniform = [k for k in keys if getattr(k, "uniform", False)]
+        # A size counts only if it was captured both with and without active LoRAs (vLLM's default,
+        # cudagraph_specialize_lora=True): the prediction cannot see which adapters a batch uses.
+        decode = sorted({k.num_tokens for k in uniform if not k.has_lora}
+                        & {k.num_tokens for k in uniform if k.has_lora})
+        sizes = sorted(int(x) for x in (runner.compilation_config.cudagraph_capture_sizes or []))
+        return {"capture_sizes": sizes, "decode_sizes": decode}
