@@ -82,6 +82,7 @@ from deltaserve_core.calibration import (  # noqa: E402
     ProfileStore,
     build_sweep,
     calibrate,
+    install_calibration_adapter,
     load_or_calibrate,
 )
 from deltaserve_core.calibration_cli import MODEL_SHORTCUTS, check_device, resolve_model  # noqa: E402
@@ -496,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     host = create_host(args.host, HostConfig(model=str(model_path), device=args.device, dtype=args.dtype,
                                              max_batch_tokens=max(2048, args.max_prefill), seed=args.seed))
     try:
+        install_calibration_adapter(host)  # fine-tuning rows need a loaded adapter on engines like vLLM
         caps = host.capabilities()
         max_ft = min(caps.max_finetune_tokens_per_step, args.max_prefill,
                      args.max_ft if args.max_ft is not None else caps.max_finetune_tokens_per_step)

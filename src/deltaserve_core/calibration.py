@@ -56,7 +56,8 @@ from .latency_model import Equation, FitQuality, LatencyModel
 from .types import ExecutionMode, HostCapabilities, ProfileShape, StepRecord
 
 if TYPE_CHECKING:  # hooks imports torch; calibration itself does not need it
-    from .hooks import HostHooks
+    from .adapter_state import LoraConfigSpec
+from .hooks import HostHooks
 
 __all__ = [
     "CalibrationError",
@@ -547,3 +548,26 @@ def load_or_calibrate(
     profile = calibrate(host, shapes, progress, key=key)
     store.save(profile)
     return profile
+
+
+def install_calibration_adapter(host: HostHooks, lora: LoraConfigSpec | None = None, seed: int = 0) -> None:
+    """Load a freshly initialised fine-tuning adapter on ``host`` so calibration can profile fine-tuning rows.
+
+    Calibration outside a job (``deltaserve calibrate``, the benchmarks) has no trained adapter yet, and engines
+    such as vLLM run fine-tuning rows only on a loaded adapter. PEFT's initialisation (A random, B zero) costs what
+    a trained adapter of the same rank and targets costs, which is all calibration measures. A job calibrates after
+    loading its own adapter instead (:class:`~deltaserve_core.coserve.CoServer`)."""
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from .adapter_state import LoraAdapterState
+
+    spec = host.model_spec()
+    cfg = lora or LoraConfigSpec()
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
+                                            lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM"))
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    host.set_finetune_adapter(LoraAdapterState("deltaserve-calibration", 0, cfg, tensors, spec.path))

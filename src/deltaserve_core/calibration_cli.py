@@ -153,7 +153,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     step surfaces as :class:`~deltaserve_core.calibration.CalibrationError`, which is reported here with
     status 1 because it is the host's failure, not the command line's.
     """
-    from .calibration import CalibrationError, ProfileKey, ProfileStore, format_quality, load_or_calibrate
+    from .calibration import (CalibrationError, ProfileKey, ProfileStore, format_quality, install_calibration_adapter,
+                              load_or_calibrate)
     from .driver import HostConfig
     from .registry import create_host, get_host_spec
     from .types import ExecutionMode
@@ -188,6 +189,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
                     reused = True
         started = time.perf_counter()
         try:
+            if not reused:
+                install_calibration_adapter(host)
             profile = load_or_calibrate(host, store, force=force, progress=not args.no_progress,
                                         max_prefill_tokens=args.max_prefill, max_decode_batch=args.max_decode,
                                         max_kv=args.max_kv, max_ft_tokens=args.max_ft)
