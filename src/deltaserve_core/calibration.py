@@ -52,12 +52,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .adapter_state import LoraConfigSpec
 from .latency_model import Equation, FitQuality, LatencyModel
 from .types import ExecutionMode, HostCapabilities, ProfileShape, StepRecord
 
 if TYPE_CHECKING:  # hooks imports torch; calibration itself does not need it
-    from .adapter_state import LoraConfigSpec
-from .hooks import HostHooks
+    from .hooks import HostHooks
 
 __all__ = [
     "CalibrationError",
