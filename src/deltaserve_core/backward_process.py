@@ -174,6 +174,15 @@ def _child_main(spec: _ChildSpec) -> None:
     """Entry point of the spawned backward process: build the trainer on the shared tensors, then serve commands."""
     from .lora_backward import LoraBackward
 
+    # The controller stops this process (stop command, kill). A terminal's Ctrl-C, `timeout` and systemd signal the
+    # whole process group: ignoring them here lets the controller write its final checkpoint first. A child whose
+    # controller is gone (killed outright) exits by itself: see `orphaned`.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def orphaned() -> bool:
+        return os.getppid() != parent
     ctl = spec.control.numpy()
     ctl[_PID] = os.getpid()
     ctl[_HEARTBEAT] = time.monotonic()
@@ -215,6 +224,8 @@ def _child_main(spec: _ChildSpec) -> None:
         while not spec.grant.is_set():
             time.sleep(spec.pause_poll_s)
             beat()
+            if orphaned():
+                os._exit(0)
             if ctl[_CANCEL]:
                 raise BackwardCancelled("cancelled by the controller while paused")
         t1 = time.monotonic()
@@ -230,6 +241,8 @@ def _child_main(spec: _ChildSpec) -> None:
         try:
             cmd = spec.commands.get(timeout=0.05)
         except queue.Empty:
+            if orphaned():
+                return
             continue
         kind, cmd_id, payload = cmd
         if kind == "stop":

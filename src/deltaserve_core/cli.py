@@ -4,6 +4,7 @@
     deltaserve conformance HOST [-- ...]   run the host contract suite (extra args go to pytest)
     deltaserve demo [--host H] ...         co-serve a request stream and a fine-tuning job, print progress
     deltaserve calibrate --host H --model M  profile the host and fit the latency model
+    deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return run_calibrate(args)
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import run_serve
+
+    return run_serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltaserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="profile a host and fit its latency model (saved for reuse)")
     add_calibrate_arguments(p)
     p.set_defaults(func=_cmd_calibrate)
+
+    from .serve import add_serve_arguments
+
+    p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI subset) while fine-tuning a job")
+    add_serve_arguments(p)
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

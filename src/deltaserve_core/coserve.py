@@ -178,6 +178,8 @@ class CoServer:
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
         self._adapter_version = ready.step
         self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=ready.step))
+        if ready.step > 0 and self.job.publish.policy != "never":
+            self._publish(ready.step)  # a resumed job serves what it has trained, not only what it trains next
         if self._calibrate:
             from .calibration import load_or_calibrate
 
@@ -220,6 +222,47 @@ class CoServer:
             self.backward.close()
         if self.buffer is not None:
             self.buffer.close()
+
+    def final_checkpoint(self, timeout_s: float = 120.0) -> str | None:
+        """Checkpoint the adapter and the data position now (an operator's shutdown); returns the folder written.
+
+        Call it once the host no longer steps. A training batch already running finishes first, so its optimizer
+        step is kept (if it takes longer than ``timeout_s`` it is cancelled: the adapter stays as it was and its
+        samples stay admissible). Captures not yet trained are dropped; the pool state records only trained
+        samples, so a resumed job admits those again. ``None`` when there is no healthy backward process."""
+        bw = self.backward
+        if not self._started or bw is None or self._recovering is not None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        bw.grant.set()  # nothing is stepping any more: the backward may use the device
+
+        def absorb() -> bool:
+            for rep in bw.poll(timeout=0.05):
+                if rep.kind == "died":
+                    log.error("no final checkpoint: the backward process died (%s)", rep.message)
+                    return False
+                self._handle(rep)
+            return True
+
+        while bw.busy:
+            if time.monotonic() > deadline:
+                log.warning("the running backward batch did not finish within %.0f s; cancelling it", timeout_s)
+                bw.cancel_current()
+                deadline = time.monotonic() + timeout_s
+                break
+            if not absorb():
+                return None
+        before = len(self.stats.checkpoints)
+        bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+        while len(self.stats.checkpoints) == before:
+            if not absorb():
+                return None
+            if time.monotonic() > deadline:
+                log.error("no final checkpoint: the backward process did not write it within %.0f s", timeout_s)
+                return None
+        path = self.stats.checkpoints[-1]
+        log.info("final checkpoint at step %d: %s", self._adapter_version, path)
+        return path
 
     def __enter__(self) -> "CoServer":
         return self.start()

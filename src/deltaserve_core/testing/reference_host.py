@@ -118,7 +118,8 @@ class ReferenceHost:
         self._step_sink: StepSink | None = None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
-        self._finished: dict[str, ClientOutput] = {}
+        self._finished: dict[str, ClientOutput] = {}  # outputs a generate() call is waiting for
+        self._awaited: set[str] = set()
         self._lock = threading.Lock()
         self._step_ids = itertools.count()
         self._capabilities = HostCapabilities(
@@ -211,19 +212,21 @@ class ReferenceHost:
     def run_idle_step(self) -> bool:
         if self.has_unfinished():
             return False
-        before = len(self._finished)
-        executed = self._step(allow_idle=True, report_executed=True)
-        return bool(executed) or len(self._finished) != before
+        return bool(self._step(allow_idle=True, report_executed=True))
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        for r in requests:
-            self.submit(r)
         wanted = [r.request_id for r in requests]
-        while any(w not in self._finished for w in wanted):
-            if not self.has_unfinished():
-                raise RuntimeError("engine has no work left but some requests never finished")
-            self.step()
-        return [self._finished.pop(w) for w in wanted]
+        self._awaited.update(wanted)
+        try:
+            for r in requests:
+                self.submit(r)
+            while any(w not in self._finished for w in wanted):
+                if not self.has_unfinished():
+                    raise RuntimeError("engine has no work left but some requests never finished")
+                self.step()
+            return [self._finished.pop(w) for w in wanted]
+        finally:
+            self._awaited.difference_update(wanted)
 
     def shutdown(self) -> None:
         self._waiting.clear()
@@ -293,15 +296,17 @@ class ReferenceHost:
             ids.extend(sample.input_ids)
         self._running.extend(prefills)
         self._execute(step_id, rows, torch.tensor(ids, dtype=torch.long))
-        done = [s for s in self._running if self._is_done(s)]
-        for s in done:
+        outputs = []
+        for s in [s for s in self._running if self._is_done(s)]:
             self._running.remove(s)
-            self._finished[s.request.request_id] = ClientOutput(
-                s.request.request_id, tuple(s.output), s.arrival_time, s.token_times[0], s.token_times[-1],
-                tuple(s.token_times))
+            out = ClientOutput(s.request.request_id, tuple(s.output), s.arrival_time, s.token_times[0],
+                               s.token_times[-1], tuple(s.token_times))
+            if out.request_id in self._awaited:  # kept only for a generate() call waiting on it: no unbounded growth
+                self._finished[out.request_id] = out
+            outputs.append(out)
         if report_executed:
             return True
-        return [self._finished[s.request.request_id] for s in done]
+        return outputs
 
     def _is_done(self, s: _Seq) -> bool:
         if len(s.output) >= s.request.max_tokens:
