@@ -34,7 +34,7 @@ from deltaserve_core.types import (
 #: bf16 (its LoRA kernels take no fp32; benchmarks/gpu/vllm_h200.sh), plus the CUDA-only tests at the end.
 DEVICE = os.environ.get("DELTASERVE_VLLM_DEVICE", "cpu")
 DTYPE = os.environ.get("DELTASERVE_VLLM_DTYPE", "float32" if DEVICE == "cpu" else "bfloat16")
-on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="CUDA only (DELTASERVE_VLLM_DEVICE=cuda)")
+on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="needs a CUDA GPU: run benchmarks/gpu/vllm_h200.sh on one (results in benchmarks/results/h200/)")
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("DELTASERVE_REQUIRE_ENGINES"):
