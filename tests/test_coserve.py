@@ -87,9 +87,10 @@ def _requests(n: int, seed: int) -> list[ClientRequest]:
             for i in range(n)]
 
 
-@pytest.mark.exactness
-def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # noqa: ANN001
-                                                    exactness_tolerance: float) -> None:
+def train_and_compare(host, dataset: Path, tiny_model: Path, tmp_path: Path) -> tuple[float, float, int]:  # noqa: ANN001
+    """Run the job on ``host`` for 3 optimizer steps, replay the same batches in a plain transformers + PEFT +
+    AdamW loop (fp32, CPU) from the same initial adapter, and return (max relative weight difference, how far the
+    adapter moved, optimizer steps). Shared with the engine modules' exactness tests."""
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
@@ -100,24 +101,31 @@ def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_m
     with co:
         _drive(host, co, _requests(3, 0), until_steps=3)
         co.poll()
-        final = {k: v.clone() for k, v in co.backward.adapter_snapshot().tensors.items()}
+        final = {k: v.detach().to("cpu", torch.float32) for k, v in co.backward.adapter_snapshot().tensors.items()}
         batches = list(co.stats.trained_batches)
-        init = co.initial_adapter
+        init = {k: v.detach().to("cpu", torch.float32) for k, v in co.initial_adapter.tensors.items()}
     samples = {s.sample_id: s for s in co.dataset.samples}
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     cfg = co.job.lora
-    ref = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
-                                          lora_dropout=0.0, task_type="CAUSAL_LM"))
-    set_peft_model_state_dict(ref, dict(init.tensors))
+    ref = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
+                         LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
+                                    lora_dropout=0.0, task_type="CAUSAL_LM"))
+    set_peft_model_state_dict(ref, init)
     opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=co.job.lr, weight_decay=co.job.weight_decay)
-    for batch in batches[: len(batches)]:
+    for batch in batches:
         plain_peft_step(ref, opt, [samples[i] for i in batch])
     ref_w = {n.replace(".default", ""): p.detach() for n, p in ref.named_parameters() if "lora_" in n}
     worst = max((final[k] - ref_w[k]).abs().max().item() / max(ref_w[k].abs().max().item(), 1e-12) for k in ref_w)
-    moved = max((final[k] - init.tensors[k]).abs().max().item() for k in ref_w)
+    moved = max((final[k] - init[k]).abs().max().item() for k in ref_w)
+    return worst, moved, len(batches)
+
+
+@pytest.mark.exactness
+def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # noqa: ANN001
+                                                    exactness_tolerance: float) -> None:
+    worst, moved, steps = train_and_compare(host, dataset, tiny_model, tmp_path)
     assert moved > 0, "training did not change the adapter"
-    assert worst <= exactness_tolerance, f"adapter after {len(batches)} steps differs from plain PEFT by {worst:.3g} (relative)"
+    assert worst <= exactness_tolerance, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
 
 
 def test_coserving_keeps_client_outputs_and_learns(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
@@ -164,7 +172,6 @@ def test_backward_crash_is_recovered_without_touching_inference(host, dataset: P
         while not co.stats.checkpoints:
             co.poll()
             time.sleep(0.01)
-        done_at_checkpoint = None
         os.kill(co.backward.pid, signal.SIGKILL)
         t0 = time.monotonic()
         served = {o.request_id: o.token_ids for o in host.generate(requests)}  # while the backward is down
@@ -180,4 +187,3 @@ def test_backward_crash_is_recovered_without_touching_inference(host, dataset: P
         assert co.backward.health().alive
     assert co.stats.backward_failures == 1
     assert served_s < 30
-    del done_at_checkpoint

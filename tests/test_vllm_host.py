@@ -282,36 +282,10 @@ def test_cuda_training_through_vllm_equals_plain_peft(deltaserve_conformance_env
                                                       tiny_model, tmp_path) -> None:
     """tests/test_coserve.py's exactness test (same job, requests and steps) through this module's CUDA engine;
     the adapter trained on the GPU is compared on the CPU with the fp32 PEFT loop. Prints the relative error."""
-    import torch
-    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-    from test_coserve import _drive, _job, _model, _requests
-    from transformers import AutoModelForCausalLM
+    from test_coserve import train_and_compare
 
-    from deltaserve_core.coserve import CoServer
-    from deltaserve_core.lora_backward import plain_peft_step
-
-    host = deltaserve_conformance_env.host
-    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), backward_threads=1)
-    with co:
-        _drive(host, co, _requests(3, 0), until_steps=3)
-        co.poll()
-        final = {k: v.detach().to("cpu", torch.float32) for k, v in co.backward.adapter_snapshot().tensors.items()}
-        batches = list(co.stats.trained_batches)
-        init = co.initial_adapter
-    samples = {s.sample_id: s for s in co.dataset.samples}
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    cfg = co.job.lora
-    ref = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
-                                          lora_dropout=0.0, task_type="CAUSAL_LM"))
-    set_peft_model_state_dict(ref, {k: v.detach().to("cpu", torch.float32) for k, v in init.tensors.items()})
-    opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=co.job.lr,
-                            weight_decay=co.job.weight_decay)
-    for batch in batches:
-        plain_peft_step(ref, opt, [samples[i] for i in batch])
-    ref_w = {n.replace(".default", ""): p.detach() for n, p in ref.named_parameters() if "lora_" in n}
-    worst = max((final[k] - ref_w[k]).abs().max().item() / max(ref_w[k].abs().max().item(), 1e-12) for k in ref_w)
-    moved = max((final[k] - init.tensors[k].detach().to("cpu", torch.float32)).abs().max().item() for k in ref_w)
-    print(f"exactness {DTYPE} engine: {len(batches)} optimizer steps, adapter moved {moved:.3g}, "
+    worst, moved, steps = train_and_compare(deltaserve_conformance_env.host, dataset, tiny_model, tmp_path)
+    print(f"exactness {DTYPE} engine: {steps} optimizer steps, adapter moved {moved:.3g}, "
           f"max relative difference from the fp32 PEFT loop {worst:.3g}")
     assert moved > 0, "training did not change the adapter"
     assert worst <= float(os.environ.get("DELTASERVE_EXACTNESS_TOL", "1e-4")), f"relative difference {worst:.3g}"

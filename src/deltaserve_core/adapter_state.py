@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LoraConfigSpec", "LoraAdapterState", "peft_key", "parse_peft_key"]
+__all__ = ["LoraConfigSpec", "LoraAdapterState", "peft_key", "parse_peft_key", "fresh_lora_state"]
 
 _KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
@@ -143,3 +143,20 @@ class LoraAdapterState:
     def with_tensors(self, tensors: Mapping[str, torch.Tensor], version: int | None = None) -> "LoraAdapterState":
         return LoraAdapterState(self.name, self.version + 1 if version is None else version, self.config,
                                 dict(tensors), self.base_model_path)
+
+
+def fresh_lora_state(base: torch.nn.Module, config: LoraConfigSpec, *, name: str, seed: int = 0,
+                     base_model_path: str = "") -> LoraAdapterState:
+    """A PEFT-initialised adapter (A random, B zero) for ``base``, seeded; ``base`` is handed back unwrapped.
+
+    Used for a job's starting weights and for calibration outside a job: PEFT's own initialisation, so a job
+    starts exactly where a plain PEFT run with the same seed starts."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(base, LoraConfig(r=config.r, lora_alpha=config.lora_alpha,
+                                                 target_modules=list(config.target_modules),
+                                                 lora_dropout=config.lora_dropout, task_type="CAUSAL_LM"))
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+    peft_model.unload()  # the backward maps the base modules as plain weights
+    return LoraAdapterState(name, 0, config, tensors, base_model_path)

@@ -558,16 +558,11 @@ def install_calibration_adapter(host: HostHooks, lora: LoraConfigSpec | None = N
     a trained adapter of the same rank and targets costs, which is all calibration measures. A job calibrates after
     loading its own adapter instead (:class:`~deltaserve_core.coserve.CoServer`)."""
     import torch
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from .adapter_state import LoraAdapterState
+    from .adapter_state import fresh_lora_state
 
     spec = host.model_spec()
-    cfg = lora or LoraConfigSpec()
-    torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(spec.path, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
-                                            lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM"))
-    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-    host.set_finetune_adapter(LoraAdapterState("deltaserve-calibration", 0, cfg, tensors, spec.path))
+    host.set_finetune_adapter(fresh_lora_state(base, lora or LoraConfigSpec(), name="deltaserve-calibration",
+                                               seed=seed, base_model_path=spec.path))

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .activation_buffer import ActivationBuffer
-from .adapter_state import LoraAdapterState
+from .adapter_state import fresh_lora_state
 from .admission import Admission, AdmissionDecision
 from .backward_process import BackwardProcess, BackwardReport
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
@@ -70,12 +70,14 @@ class CoServeStats:
     losses: list[float] = field(default_factory=list)
     trained_batches: list[tuple[int, ...]] = field(default_factory=list)  # sample ids of each optimizer step
     backward_failures: int = 0
-    estimator_errors: dict[str, list[float]] = field(default_factory=lambda: {"graph": [], "eager": []})
+    # the last 512 relative errors per mode: what the MAPE is reported over, without growing per step
+    estimator_errors: dict[str, deque[float]] = field(
+        default_factory=lambda: {"graph": deque(maxlen=512), "eager": deque(maxlen=512)})
     published: list[str] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
 
     def estimator_mape(self, mode: str) -> float | None:
-        errs = self.estimator_errors[mode][-512:]
+        errs = self.estimator_errors[mode]
         return sum(errs) / len(errs) if errs else None
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,7 +165,8 @@ class CoServer:
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
         base = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=dtype).to(self.caps.device).eval()
-        adapter = self._initial_adapter(base)
+        adapter = fresh_lora_state(base, self.job.lora, name=self.job.adapter_name, seed=self.job.seed,
+                                   base_model_path=self.spec.path)
         self.initial_adapter = adapter.with_tensors({k: v.clone() for k, v in adapter.tensors.items()}, version=0)
         self.backward = BackwardProcess(
             base, adapter, self.buffer,
@@ -194,21 +197,6 @@ class CoServer:
                  self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
                  self.job.buffer_tokens, self.slo.ttft_s, self.slo.tpot_s)
         return self
-
-    def _initial_adapter(self, base: torch.nn.Module) -> LoraAdapterState:
-        """A fresh PEFT-initialised adapter (A random, B zero) for the job's LoRA config, seeded."""
-        from peft import LoraConfig, get_peft_model
-
-        torch.manual_seed(self.job.seed)
-        cfg = self.job.lora
-        peft_model = get_peft_model(base, LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha,
-                                                     target_modules=list(cfg.target_modules),
-                                                     lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM"))
-        from peft import get_peft_model_state_dict
-
-        tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
-        peft_model.unload()  # give the base modules back unwrapped: the backward maps them as plain weights
-        return LoraAdapterState(self.job.adapter_name, 0, cfg, tensors, self.spec.path)
 
     def close(self) -> None:
         if not self._started:

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .types import RequestSLO
 
-__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "check_client_adapter"]
+__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "check_client_adapter", "run_to_completion"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +128,20 @@ def check_client_adapter(request: ClientRequest, loaded: Collection[str]) -> Non
     if request.adapter is not None and request.adapter not in loaded:
         raise ValueError(f"request {request.request_id!r}: unknown adapter {request.adapter!r}; loaded: "
                          f"{sorted(a for a in loaded if a != RESERVED_ADAPTER_NAME)}")
+
+
+def run_to_completion(driver: HostDriver, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+    """``HostDriver.generate`` in terms of ``submit`` and ``step``, for hosts whose ``step`` returns what finished.
+
+    Outputs of other requests that finish meanwhile are the caller's concern (they were returned by ``step``);
+    nothing is retained, so a long-running host does not grow."""
+    for r in requests:
+        driver.submit(r)
+    wanted = {r.request_id for r in requests}
+    got: dict[str, ClientOutput] = {}
+    while len(got) < len(wanted):
+        if not driver.has_unfinished():
+            missing = sorted(wanted - set(got))
+            raise RuntimeError(f"the engine has no work left but requests {missing} never finished")
+        got.update((o.request_id, o) for o in driver.step() if o.request_id in wanted)
+    return [got[r.request_id] for r in requests]

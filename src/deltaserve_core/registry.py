@@ -16,7 +16,6 @@ from typing import Protocol
 
 from .driver import HostConfig, HostDriver
 from .hooks import HostHooks, validate_host
-from .types import HostCapabilities
 
 __all__ = ["ENTRY_POINT_GROUP", "HostSpec", "HostUnavailableError", "UnknownHostError", "available_hosts",
            "get_host_spec", "create_host"]
@@ -146,8 +145,3 @@ def create_host(name: str, config: HostConfig) -> "ServingHost":
     """Create the host registered as ``name`` and validate it against the protocol before returning it."""
     return get_host_spec(name).create(config)
 
-
-def describe_capabilities(caps: HostCapabilities) -> str:
-    modes = "+".join(sorted(m.value for m in caps.graph_modes))
-    return (f"protocol v{caps.protocol_version}, mixed batches {'yes' if caps.mixed_batches else 'no'}, "
-            f"modes {modes}, activations {caps.activation_dtype}, abort {'yes' if caps.supports_abort else 'no'}")

@@ -38,6 +38,7 @@ from deltaserve_core.driver import (
     ClientRequest,
     HostConfig,
     check_client_adapter,
+    run_to_completion,
 )
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
@@ -122,8 +123,6 @@ class VllmHost:
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
         self._live: dict[str, _Live] = {}
-        self._finished: dict[str, ClientOutput] = {}  # outputs a generate() call is waiting for
-        self._awaited: set[str] = set()
         self._ft_versions = itertools.count()
         self._closed = False
         engine_kwargs: dict[str, Any] = {
@@ -310,8 +309,6 @@ class VllmHost:
                 del self._live[out.request_id]
                 result = ClientOutput(out.request_id, tokens, live.arrival_time, live.token_times[0],
                                       live.token_times[-1], tuple(live.token_times))
-                if out.request_id in self._awaited:  # only what a generate() call waits for: no unbounded growth
-                    self._finished[out.request_id] = result
                 done.append(result)
         return done
 
@@ -327,18 +324,7 @@ class VllmHost:
         return self._channel.last_step_executed
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        wanted = [r.request_id for r in requests]
-        self._awaited.update(wanted)
-        try:
-            for r in requests:
-                self.submit(r)
-            while any(w not in self._finished for w in wanted):
-                if not self._engine.has_unfinished_requests():
-                    raise RuntimeError("vLLM has no work left but some requests never finished")
-                self.step()
-            return [self._finished.pop(w) for w in wanted]
-        finally:
-            self._awaited.difference_update(wanted)
+        return run_to_completion(self, requests)
 
     def shutdown(self) -> None:
         if self._closed:

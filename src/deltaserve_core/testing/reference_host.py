@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..adapter_state import LoraAdapterState, parse_peft_key
-from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter
+from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter, run_to_completion
 from ..hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError, ScheduleInterceptor, StepSink
 from ..registry import HostSpec
 from ..types import (
@@ -118,8 +118,6 @@ class ReferenceHost:
         self._step_sink: StepSink | None = None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
-        self._finished: dict[str, ClientOutput] = {}  # outputs a generate() call is waiting for
-        self._awaited: set[str] = set()
         self._lock = threading.Lock()
         self._step_ids = itertools.count()
         self._capabilities = HostCapabilities(
@@ -215,18 +213,7 @@ class ReferenceHost:
         return bool(self._step(allow_idle=True, report_executed=True))
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        wanted = [r.request_id for r in requests]
-        self._awaited.update(wanted)
-        try:
-            for r in requests:
-                self.submit(r)
-            while any(w not in self._finished for w in wanted):
-                if not self.has_unfinished():
-                    raise RuntimeError("engine has no work left but some requests never finished")
-                self.step()
-            return [self._finished.pop(w) for w in wanted]
-        finally:
-            self._awaited.difference_update(wanted)
+        return run_to_completion(self, requests)
 
     def shutdown(self) -> None:
         self._waiting.clear()
@@ -301,8 +288,6 @@ class ReferenceHost:
             self._running.remove(s)
             out = ClientOutput(s.request.request_id, tuple(s.output), s.arrival_time, s.token_times[0],
                                s.token_times[-1], tuple(s.token_times))
-            if out.request_id in self._awaited:  # kept only for a generate() call waiting on it: no unbounded growth
-                self._finished[out.request_id] = out
             outputs.append(out)
         if report_executed:
             return True
