@@ -41,7 +41,8 @@ What it does, in order (one process, one host):
    * ``diagnostics.candidate_features``: the production equations refitted next to variants -- for Equation I
      ``paper_eq1`` (the paper's, without the per-row term δ·R that the production ``eq1`` has: R = prompts +
      fine-tuning samples + decodes, a per-request cost such as the reference host's attention loop over
-     requests; this pair is what justified adding δ), and ``eq1+sampling`` (1 when the step samples a token:
+     requests; this pair is what justified adding δ), ``eq1_rows_only`` (δ·R but without the co-serving terms
+     ζ·U + η of steps carrying fine-tuning rows; this pair is what justified those), and ``eq1+sampling`` (1 when the step samples a token:
      the LM head's weights are read once per such step, and fine-tuning-only steps skip it); for Equation II,
      ``eq2+ctx_sq`` (Σ contextᵢ²) -- all fitted the same way (relative-error NNLS, no outlier trimming) on the
      interleaved sweep timings (the calibration records with ``--no-interleaved-fit``) and scored on the held-out
@@ -351,7 +352,7 @@ def noise_floor(points: list[Point], k: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ diagnostics: candidate features
 #
 # Each candidate is an equation plus or minus features of the host's work. Equation I's base here is the paper's
-# (``paper_eq1``); the production Equation I is ``eq1`` = paper + ``rows`` (δ·R). All variants are refitted here
+# (``paper_eq1``); the production Equation I is ``eq1`` = paper + ``rows`` (δ·R) + the co-serving terms. All variants are refitted here
 # the same way (the latency model's relative-error NNLS, no outlier trimming) on the calibration records and
 # scored on the held-out steps, so a difference between two variants is the feature's doing. The production
 # model is not changed by any of this.
@@ -372,14 +373,26 @@ def _ctx_sq(record: StepRecord) -> float:
     return record.kv_tokens * record.kv_tokens / record.num_decode if record.num_decode else 0.0
 
 
-_EXTRA = {"rows": _rows, "sampling": _sampling, "ctx_sq": _ctx_sq}
+def _coserve_tokens(record: StepRecord) -> float:
+    """U of Equation I's co-serving term ζ·U: inference tokens of a step that carries fine-tuning rows."""
+    return float(sum(record.prefill_lengths) + record.num_decode) if record.finetune_lengths else 0.0
+
+
+def _coserve_step(record: StepRecord) -> float:
+    return 1.0 if record.finetune_lengths else 0.0
+
+
+_EXTRA = {"rows": _rows, "sampling": _sampling, "ctx_sq": _ctx_sq, "coserve_tokens": _coserve_tokens,
+          "coserve_step": _coserve_step}
 _VARIANTS: dict[Equation, dict[str, tuple[str, ...]]] = {
-    Equation.PREFILL: {"paper_eq1": (), "eq1": ("rows",), "paper_eq1+sampling": ("sampling",),
-                       "eq1+sampling": ("rows", "sampling")},
+    Equation.PREFILL: {"paper_eq1": (), "eq1_rows_only": ("rows",), "paper_eq1+sampling": ("sampling",),
+                       "eq1": ("rows", "coserve_tokens", "coserve_step"),
+                       "eq1+sampling": ("rows", "coserve_tokens", "coserve_step", "sampling")},
     Equation.DECODE: {"eq2": (), "eq2+ctx_sq": ("ctx_sq",)},
 }
 _BASE_NAMES = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c"), Equation.DECODE: ("beta", "eps", "c")}
-_EXTRA_NAMES = {"rows": "delta"}  # the production model's name for the rows coefficient
+# the production model's names for its extra coefficients
+_EXTRA_NAMES = {"rows": "delta", "coserve_tokens": "zeta", "coserve_step": "eta"}
 
 
 def _features(record: StepRecord, equation: Equation, extra: tuple[str, ...]) -> list[float]:

@@ -25,14 +25,17 @@ NOW = 50.0
 SLO = SLOConfig(ttft_s=1.0, tpot_s=0.15)
 
 
-def make_model(scale_graph: float = 1.0, scale_eager: float = 1.0, row_cost: float = 1.0) -> LatencyModel:
-    """Hand coefficients; ``row_cost`` scales Equation I's per-row δ (0: the paper's equation)."""
+def make_model(scale_graph: float = 1.0, scale_eager: float = 1.0, row_cost: float = 1.0,
+               coserve_cost: float = 0.0) -> LatencyModel:
+    """Hand coefficients; ``row_cost`` scales Equation I's per-row δ (0: the paper's equation),
+    ``coserve_cost`` its co-serving terms ζ, η (0: LoRA applied per row)."""
     m = LatencyModel()
     m.set_coefficients(G, prefill=PrefillCoefficients(1e-9 * scale_graph, 6e-5 * scale_graph, 0.0, 2e-8, 0.004,
                                                       delta=1e-4 * row_cost),
                        decode=DecodeCoefficients(5e-5 * scale_graph, 2e-8, 0.006))
     m.set_coefficients(E, prefill=PrefillCoefficients(1.1e-9 * scale_eager, 7e-5 * scale_eager, 5e-6 * scale_eager,
-                                                      2.2e-8, 0.025, delta=3e-4 * row_cost),
+                                                      2.2e-8, 0.025, delta=3e-4 * row_cost,
+                                                      zeta=4e-5 * coserve_cost, eta=2e-3 * coserve_cost),
                        decode=DecodeCoefficients(6e-5, 2.2e-8, 0.025))
     return m
 
@@ -203,7 +206,8 @@ def reference_greedy(batch, pool_lengths, model, delta, limit):
     prefill = [r.prefill_tokens for r in batch.scheduled if r.prefill_tokens > 0]
     bd = sum(1 for r in batch.scheduled if r.prefill_tokens == 0)
     kv = sum(r.context_tokens for r in batch.scheduled if r.prefill_tokens == 0)
-    if model.predict_batch(batch) > delta:
+    # an empty batch is a fine-tuning-only step: no inference cost (predict_batch would price 0 decodes at c′)
+    if batch.scheduled and model.predict_batch(batch) > delta:
         return None
     chosen: list[int] = []
     for n in sorted(pool_lengths):
@@ -235,7 +239,7 @@ def scenario(draw):
         batch=make_batch(scheduled, waiting, mode=draw(st.sampled_from([G, E]))),
         lengths=lengths,
         model=make_model(draw(st.floats(0.1, 2.0)), draw(st.floats(0.1, 2.0)),
-                         rarely(draw, 0.0, st.floats(0.0, 20.0))),
+                         rarely(draw, 0.0, st.floats(0.0, 20.0)), rarely(draw, 0.0, st.floats(0.0, 20.0))),
         mixed=rarely(draw, False, st.just(True)),
         backward=rarely(draw, True, st.just(False)),
         buffer=rarely(draw, draw(st.integers(-5, 0)), st.integers(400, 6000)),

@@ -24,10 +24,11 @@ from deltaserve_core.types import ExecutionMode, HostCapabilities, ModelSpec, Pr
 G, E = ExecutionMode.GRAPH, ExecutionMode.EAGER
 BOTH = frozenset({G, E})
 
-# Equation I as (α, β, γ, ε, c, δ), Equation II as (β′, ε′, c′)
+# Equation I as (α, β, γ, ε, c, δ, ζ, η), Equation II as (β′, ε′, c′). Eager has co-serving terms ζ, η (a host
+# that runs the LoRA path over the whole batch once a fine-tuning row is in it, as vLLM does).
 TRUE = {
-    G: ((2e-8, 5e-5, 0.0, 2e-8, 0.004, 1e-4), (5e-5, 2e-8, 0.006)),
-    E: ((2.4e-8, 6e-5, 2e-5, 2.4e-8, 0.02, 3e-4), (6e-5, 2.4e-8, 0.02)),
+    G: ((2e-8, 5e-5, 0.0, 2e-8, 0.004, 1e-4, 0.0, 0.0), (5e-5, 2e-8, 0.006)),
+    E: ((2.4e-8, 6e-5, 2e-5, 2.4e-8, 0.02, 3e-4, 4e-5, 3e-3), (6e-5, 2.4e-8, 0.02)),
 }
 
 
@@ -155,7 +156,7 @@ def test_calibrate_recovers_coefficients_through_the_host():
     for mode, (p, d) in TRUE.items():
         got_p = profile.model.eq1_coefficients(mode)
         got_d = profile.model.eq2_coefficients(mode)
-        assert len(got_p) == len(p) == 6  # δ is fitted and recovered with the rest
+        assert len(got_p) == len(p) == 8  # δ, ζ and η are fitted and recovered with the rest
         for want, got in zip(p + d, got_p + got_d):
             assert got == pytest.approx(want, rel=0.01, abs=1e-15)
     assert set(profile.quality) == {G, E}
@@ -183,15 +184,19 @@ def test_sweep_identifies_delta_under_noise(mixed):
         assert got[5] == pytest.approx(p[5], rel=0.1), (mode, got)
         for i in (0, 1, 4):  # α, β, c
             assert got[i] == pytest.approx(p[i], rel=0.1), (mode, i, got)
+    # the co-serving terms are identified by the finetune family's prompts of two lengths
+    got = profile.model.eq1_coefficients(E)
+    for i in (6, 7):
+        assert got[i] == pytest.approx(TRUE[E][0][i], rel=0.15), (i, got)
 
 
 def test_host_without_row_cost_fits_delta_near_zero():
-    flat = {m: (p[:5] + (0.0,), d) for m, (p, d) in TRUE.items()}
+    flat = {m: (p[:5] + (0.0, 0.0, 0.0), d) for m, (p, d) in TRUE.items()}
     host = FakeHost(true=flat)
     profile = calibrate(host, sweep_for(host), progress=False)
     for mode, (p, _) in flat.items():
         got = profile.model.eq1_coefficients(mode)
-        assert got[5] <= 1e-9 * p[4]
+        assert got[5] <= 1e-9 * p[4] and got[7] <= 1e-9 * p[4] and got[6] <= 1e-9 * p[1]
         for want, g in zip(p[:5], got[:5]):
             assert g == pytest.approx(want, rel=0.01, abs=1e-15)
 

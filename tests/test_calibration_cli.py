@@ -44,7 +44,8 @@ def test_calibrate_reference_tiny_saves_profile_and_json(tmp_path: Path, tiny_mo
     eager = summary["modes"]["eager"]
     assert eager["quality"]["n"] + eager["quality"]["dropped"] == summary["steps"] > 0  # outliers are counted apart
     assert eager["equations"]["prefill"]["source"] == "fitted"
-    assert set(eager["equations"]["prefill"]["coefficients"]) == {"alpha", "beta", "gamma", "eps", "c", "delta"}
+    assert set(eager["equations"]["prefill"]["coefficients"]) == {"alpha", "beta", "gamma", "eps", "c", "delta",
+                                                                       "zeta", "eta"}
     assert set(eager["equations"]["decode"]["coefficients"]) == {"beta", "eps", "c"}
     assert summary["limits"] == {"max_prefill": 64, "max_decode": 4, "max_kv": 256, "max_ft": 64}
 

@@ -27,7 +27,9 @@ G, E = ExecutionMode.GRAPH, ExecutionMode.EAGER
 
 P_GRAPH = PrefillCoefficients(alpha=2e-8, beta=5e-5, gamma=0.0, eps=2e-8, c=0.004, delta=1e-4)
 D_GRAPH = DecodeCoefficients(beta=5e-5, eps=2e-8, c=0.006)
-P_EAGER = PrefillCoefficients(alpha=2.4e-8, beta=6e-5, gamma=2e-5, eps=2.4e-8, c=0.02, delta=3e-4)
+# ζ, η: the co-serving terms (the LoRA path over the whole batch once a fine-tuning row is in it)
+P_EAGER = PrefillCoefficients(alpha=2.4e-8, beta=6e-5, gamma=2e-5, eps=2.4e-8, c=0.02, delta=3e-4, zeta=3e-5,
+                              eta=2e-3)
 D_EAGER = DecodeCoefficients(beta=6e-5, eps=2.4e-8, c=0.02)
 TRUE = {G: (P_GRAPH, D_GRAPH), E: (P_EAGER, D_EAGER)}
 
@@ -98,20 +100,24 @@ def hand_model() -> LatencyModel:
 
 def test_equation_one_by_hand_with_finetune_rows_as_prefill_rows():
     m = hand_model()
-    a, b, g, e, c, d = P_EAGER.as_tuple()
-    # prompts 100 and 50, 2 decodes reading 300 KV tokens, one 30-token FT sample: R = 2 + 2 + 1 rows
+    a, b, g, e, c, d, z, h = P_EAGER.as_tuple()
+    # prompts 100 and 50, 2 decodes reading 300 KV tokens, one 30-token FT sample: R = 2 + 2 + 1 rows, and the
+    # co-serving terms over the U = 100 + 50 + 2 inference tokens
     want = (a * ((100 + 2) ** 2 + (50 + 2) ** 2 + (30 + 2) ** 2) + b * (100 + 50 + 30 + 2) + g * 30 + e * 300
-            + d * 5 + c)
+            + d * 5 + c + z * 152 + h)
     assert m.predict((100, 50), 2, 300, (30,), E) == pytest.approx(want, rel=1e-12)
-    # an FT-only step is Equation I too (one row)
-    assert m.predict((), 0, 0, (40,), E) == pytest.approx(a * 40 * 40 + b * 40 + g * 40 + d + c, rel=1e-12)
+    # without the FT sample the co-serving terms vanish
+    assert m.predict((100, 50), 2, 300, (), E) == pytest.approx(
+        a * ((100 + 2) ** 2 + (50 + 2) ** 2) + b * (100 + 50 + 2) + e * 300 + d * 4 + c, rel=1e-12)
+    # an FT-only step is Equation I too (one row, U = 0: only η of the co-serving terms)
+    assert m.predict((), 0, 0, (40,), E) == pytest.approx(a * 40 * 40 + b * 40 + g * 40 + d + c + h, rel=1e-12)
 
 
 def test_row_term_and_backward_compatible_forms():
     """δ is the trailing field: the paper's positional 5-coefficient form still builds Equation I with δ = 0,
     and eq1_time accepts both the 5-tuple and 4 features (the pre-δ call forms)."""
     p5 = PrefillCoefficients(2e-8, 5e-5, 1e-5, 2e-8, 0.004)
-    assert p5.delta == 0.0 and p5.as_tuple() == (2e-8, 5e-5, 1e-5, 2e-8, 0.004, 0.0)
+    assert p5.delta == 0.0 and p5.as_tuple() == (2e-8, 5e-5, 1e-5, 2e-8, 0.004, 0.0, 0.0, 0.0)
     feats = prefill_features((10, 20), 3, 90, (7, 8, 9))
     assert feats == ((13**2 + 23**2 + 10**2 + 11**2 + 12**2), 10 + 20 + 7 + 8 + 9 + 3, 24, 90, 2 + 3 + 3)
     assert eq1_time(p5.as_tuple()[:5], *feats) == eq1_time(p5.as_tuple(), *feats) == eq1_time(p5.as_tuple(), *feats[:4])
@@ -150,11 +156,13 @@ def test_negative_coefficients_refused():
 
 
 @settings(max_examples=15, deadline=None)
-@given(scale=st.lists(st.floats(0.2, 5.0), min_size=9, max_size=9), seed=st.integers(0, 2**16))
+@given(scale=st.lists(st.floats(0.2, 5.0), min_size=11, max_size=11), seed=st.integers(0, 2**16))
 def test_fit_recovers_known_coefficients_within_one_percent(scale, seed):
-    """Noise-free records from random (positive) coefficients: NNLS recovers every one, δ included, within 1 %."""
+    """Noise-free records from random (positive) coefficients: NNLS recovers every one, δ, ζ and η included,
+    within 1 %."""
     p = PrefillCoefficients(alpha=2e-8 * scale[0], beta=5e-5 * scale[1], gamma=2e-5 * scale[2],
-                            eps=2e-8 * scale[3], c=0.01 * scale[4], delta=2e-4 * scale[8])
+                            eps=2e-8 * scale[3], c=0.01 * scale[4], delta=2e-4 * scale[8],
+                            zeta=3e-5 * scale[9], eta=2e-3 * scale[10])
     d = DecodeCoefficients(beta=5e-5 * scale[5], eps=2e-8 * scale[6], c=0.01 * scale[7])
 
     def truth(mode, prefill, bd, kv, ft):
@@ -168,8 +176,8 @@ def test_fit_recovers_known_coefficients_within_one_percent(scale, seed):
                       (m.coefficients(G, Equation.DECODE), d)):
         for g_, w in zip(got.as_tuple(), want.as_tuple()):
             assert g_ == pytest.approx(w, rel=0.01)
-    graph_p = m.coefficients(G, Equation.PREFILL)  # graph steps never carry FT: γ stays 0 there
-    assert graph_p.gamma == 0.0
+    graph_p = m.coefficients(G, Equation.PREFILL)  # graph steps never carry FT: γ, ζ, η stay 0 there
+    assert graph_p.gamma == graph_p.zeta == graph_p.eta == 0.0
     assert graph_p.alpha == pytest.approx(p.alpha, rel=0.01) and graph_p.c == pytest.approx(p.c, rel=0.01)
     assert graph_p.delta == pytest.approx(p.delta, rel=0.01)
 
@@ -190,6 +198,7 @@ def test_fit_without_a_row_cost_keeps_delta_near_zero():
     for mode, (p, _) in flat.items():
         got = m.coefficients(mode, Equation.PREFILL)
         assert got.delta <= 1e-9 * p.c  # numerically zero next to a step's constant cost
+        assert got.zeta <= 1e-9 * p.beta and got.eta <= 1e-9 * p.c  # per-row LoRA: no co-serving terms
         for name in ("alpha", "beta", "gamma", "eps", "c"):
             assert getattr(got, name) == pytest.approx(getattr(p, name), rel=0.01, abs=1e-12)
 
@@ -284,7 +293,7 @@ def test_fallbacks_are_explicit():
     assert m.source(G, Equation.PREFILL).startswith("fallback:eager")
     assert m.source(E, Equation.DECODE).startswith("fallback:prefill")
     assert m.predict((100,), 0, 0, (), G) == m.predict((100,), 0, 0, (), E)
-    a, b, g, e, c, d = P_EAGER.as_tuple()
+    _, b, _, e, c, d, _, _ = P_EAGER.as_tuple()
     assert m.predict((), 4, 100, (), E) == pytest.approx((b + d) * 4 + e * 100 + c)  # 4 decode rows
     m.set_coefficients(G, decode=D_GRAPH)
     assert m.source(E, Equation.DECODE).startswith("fallback:graph")

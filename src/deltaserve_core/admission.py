@@ -21,7 +21,9 @@ Algorithm 1, as implemented by :meth:`Admission.decide`:
       a row, so on engines with a per-sequence cost many short samples cost more than one long one.
 14-22. Samples in increasing token length; each joins while the buffer/step cap holds and the mixed step,
       priced with *eager* coefficients (capture hooks force eager execution), stays ≤ Δ; the first sample
-      that fails either check ends the walk, as in the paper (``break``, not ``continue``).
+      that fails either check ends the walk, as in the paper (``break``, not ``continue``). The first
+      admitted sample also brings Equation I's co-serving terms ζ·U + η (the whole batch's LoRA path, on
+      engines that switch it on per batch; see :mod:`.latency_model`): a one-time jump, constant after.
 23.   ``pool.claim`` the admitted samples (reserves them, removes them from the pool).
 
 The fine-tuning-only step (no scheduled inference) is the same procedure with an empty inference batch:
@@ -224,8 +226,11 @@ class Admission:
         # short samples fit. Features are exact integers and the cost is evaluated with eq1_time's own
         # expression, so predictions are bit-identical to LatencyModel.predict on the mixed batch.
         coef = model.eq1_coefficients(ExecutionMode.EAGER)
-        a, b, g, e, c, d = coef  # type: ignore[misc]
+        a, b, g, e, c, d, z, h = coef  # type: ignore[misc]
         ekv = e * kv
+        # Every candidate below has at least one sample, so the co-serving terms are a constant of the walk;
+        # eq1_time adds them last, as one parenthesised sum, and so does the walk (bit-identical results).
+        co = z * t_lin + h
         limit = buffer_free_tokens if buffer_free_tokens < self.max_ft_tokens_per_step else self.max_ft_tokens_per_step
         admitted: list[FineTuneSample] = []
         tokens = 0
@@ -244,14 +249,15 @@ class Admission:
             fits_buffer = bisect_right(f_pre, limit) - 1  # line 16: most samples of the block within S_max
             lo, hi = 0, fits_buffer  # cost with lo samples is known to fit (lo = 0: the state before the block)
             # rows with j more samples: rows + j (the j-th sample is one more row)
-            if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + d * (rows + hi) + c <= delta:
+            if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + d * (rows + hi) + c + co \
+                    <= delta:
                 lo = hi
             else:
                 hi -= 1  # the largest count still in question
                 while lo < hi:  # line 17: largest count whose mixed step stays within Δ
                     mid = (lo + hi + 1) >> 1
                     if a * s_pre[mid] + b * (t_lin + f_pre[mid]) + g * f_pre[mid] + ekv + d * (rows + mid) + c \
-                            <= delta:
+                            + co <= delta:
                         lo = mid
                     else:
                         hi = mid - 1
@@ -268,7 +274,7 @@ class Admission:
             # amount read ahead depends on this estimate, never which samples are admitted.)
             room = limit - tokens
             if per_token > 0:
-                now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + d * rows + c
+                now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + d * rows + c + co
                 room = min(room, int((delta - now_cost) / per_token) + 1)
             block_size = max(1, room // lens[-1] + 1)
 

@@ -12,9 +12,10 @@ The sweep has the four families of shapes the paper names, for every execution m
 * ``prefill_split``: a fixed total length split across 1..k requests -- Σnᵢ² changes while T_in does not,
   which separates α from β;
 * ``decode_grid``: decode batch size × per-request KV length -- Equation II (β′, ε′, c′);
-* ``finetune``: inference batches (none, a prompt, and on mixed hosts a decode batch and a prompt with
-  decodes) augmented with 0..S fine-tuning tokens in short and long samples -- γ. Only in EAGER mode:
-  a step carrying fine-tuning rows always runs eagerly.
+* ``finetune``: inference batches (none, a short and a mid-length prompt, and on mixed hosts a decode
+  batch and a prompt with decodes) augmented with 0..S fine-tuning tokens in short and long samples -- γ,
+  and the co-serving terms ζ, η (see :mod:`.latency_model`). Only in EAGER mode: a step carrying
+  fine-tuning rows always runs eagerly.
 
 On hosts with mixed batches a ``mixed`` family (prompts sharing the step with decode batches) adds the
 B_d cross term and ε of Equation I.
@@ -196,7 +197,9 @@ def build_sweep(
 
     if ExecutionMode.EAGER in capabilities.graph_modes and ft_cap >= 2:
         mode = ExecutionMode.EAGER
-        bases: list[tuple[tuple[int, ...], int, int]] = [((), 0, 0), ((small_len,), 0, 0)]
+        # Prompts of two lengths under fine-tuning: the co-serving term ζ·U (engines that run the LoRA path
+        # over the whole batch) needs U to vary while fine-tuning rows are present.
+        bases: list[tuple[tuple[int, ...], int, int]] = [((), 0, 0), ((small_len,), 0, 0), ((mid_len,), 0, 0)]
         if capabilities.mixed_batches:
             bd = batch_sizes[len(batch_sizes) // 2]
             bases += [((), bd, contexts(bd)[-1]), ((small_len,), bd, contexts(bd)[0])]

@@ -13,7 +13,10 @@ The equations
 -------------
 For a step that computes any prefill row (an inference prompt chunk *or* a fine-tuning sample), Equation I::
 
-    T ≈ α Σᵢ (nᵢ + B_d)² + β (T_in + B_d) + γ T_ft + ε K + δ R + c
+    T ≈ α Σᵢ (nᵢ + B_d)² + β (T_in + B_d) + γ T_ft + ε K + δ R + c  +  1[T_ft > 0] · (ζ U + η)
+
+where ``U`` is the step's *inference* tokens (prompt tokens plus B_d, fine-tuning tokens excluded); the
+bracketed co-serving terms are ours, see below.
 
 For a decode-only step, Equation II::
 
@@ -41,9 +44,26 @@ adding δ R cut Equation I's held-out error from 10.9 % to 6.5 %. Because the fi
 without a per-row cost simply fits δ ≈ 0 and Equation I reduces to the paper's. Equation II has no separate
 δ′: in a decode-only step R = B_d, so a per-row cost is already what β′ measures.
 
-``δ`` is the *last* field of :class:`PrefillCoefficients` and of the coefficient tuples, ``(α, β, γ, ε, c, δ)``,
-so code that builds coefficients positionally as ``(α, β, γ, ε, c)`` keeps working (δ defaults to 0), and
-:func:`eq1_time` also accepts the paper's 5-tuple. :func:`prefill_features` returns ``R`` as a fifth feature.
+The co-serving terms ζ U + η (beyond the paper)
+----------------------------------------------
+γ T_ft assumes a fine-tuning row only costs its own tokens. That holds on engines that apply a LoRA
+adapter per row (the reference host, S-LoRA's per-request kernels), but not on engines that switch the
+LoRA path on for the *whole* batch once any row uses an adapter: vLLM's punica path then runs the LoRA
+shrink/expand over every token of the step, so adding one 2-token fine-tuning row to a 154-token client
+prompt measured 17.5 ms on vLLM-CPU where Equation I without these terms predicted 5.0 ms
+(``benchmarks/results/latency_model_vllm_tiny.json``, before the fix). Co-serving steps were
+under-predicted by 28 % on average -- unsafe, since admission would then let a step overrun Δ. ``ζ`` prices
+each inference token of a step that carries fine-tuning rows, ``η`` a fixed cost of turning the LoRA path
+on. Both features are zero unless the step carries fine-tuning rows, so pure-inference steps are priced
+exactly as before, and hosts where adapters are per-row fit ζ ≈ η ≈ 0 (non-negative fit). For admission
+they are a one-time jump when the first sample is admitted, constant afterwards, so the cost of a growing
+mixed batch stays monotone in the samples taken. The calibration ``finetune`` family varies U under
+fine-tuning (none, a short and a mid-length prompt, decode batches) so the two are identifiable.
+
+The extra coefficients are appended after δ: the tuples are ``(α, β, γ, ε, c, δ, ζ, η)``, so code that
+builds coefficients positionally as ``(α, β, γ, ε, c)`` keeps working (δ, ζ and η default to 0), and
+:func:`eq1_time` also accepts the paper's 5-tuple. :func:`prefill_features` returns ``R`` as a fifth feature;
+U is ``T_in + B_d − T_ft`` of those features, so it needs no feature of its own.
 
 Fitting
 -------
@@ -102,15 +122,21 @@ __all__ = [
     "prefill_features",
     "eq1_time",
     "eq2_time",
+    "Eq1Coefficients",
     "MODEL_FORMAT",
 ]
 
 #: ``format`` field of :meth:`LatencyModel.to_dict`; bump the version when the layout changes.
 MODEL_FORMAT = "deltaserve.latency_model"
-# Version 2: Equation I gained δ (per-row cost); version-1 files have no δ and are refused (recalibrate).
-_MODEL_FORMAT_VERSION = 2
+# Version 2: Equation I gained δ (per-row cost). Version 3: the co-serving terms ζ and η. Older files lack
+# terms that change predictions on some hosts and are refused (recalibrate).
+_MODEL_FORMAT_VERSION = 3
+
+#: ``(α, β, γ, ε, c, δ, ζ, η)``, see :class:`PrefillCoefficients`.
+Eq1Coefficients = tuple[float, float, float, float, float, float, float, float]
 
 _MODES: tuple[ExecutionMode, ...] = (ExecutionMode.GRAPH, ExecutionMode.EAGER)
+_ZERO_EQ1: Eq1Coefficients = (0.0,) * 8  # type: ignore[assignment]
 _OTHER = {ExecutionMode.GRAPH: ExecutionMode.EAGER, ExecutionMode.EAGER: ExecutionMode.GRAPH}
 
 
@@ -129,8 +155,9 @@ class LatencyModelNotFitted(LookupError):
 class PrefillCoefficients:
     """Equation I coefficients, in seconds per unit of each feature.
 
-    ``delta`` (δ, seconds per row of the step; see the module docs) is last and defaults to 0, the paper's
-    Equation I, so ``PrefillCoefficients(α, β, γ, ε, c)`` keeps its meaning.
+    ``delta`` (δ, seconds per row of the step), ``zeta`` (ζ, seconds per inference token of a step that
+    carries fine-tuning rows) and ``eta`` (η, seconds per such step) come last and default to 0, the
+    paper's Equation I, so ``PrefillCoefficients(α, β, γ, ε, c)`` keeps its meaning (see the module docs).
     """
 
     alpha: float
@@ -139,13 +166,15 @@ class PrefillCoefficients:
     eps: float
     c: float
     delta: float = 0.0
+    zeta: float = 0.0
+    eta: float = 0.0
 
     def __post_init__(self) -> None:
         _check_coefficients(self)
 
-    def as_tuple(self) -> tuple[float, float, float, float, float, float]:
-        """``(α, β, γ, ε, c, δ)``: the layout of :func:`eq1_time`'s ``coef``."""
-        return (self.alpha, self.beta, self.gamma, self.eps, self.c, self.delta)
+    def as_tuple(self) -> Eq1Coefficients:
+        """``(α, β, γ, ε, c, δ, ζ, η)``: the layout of :func:`eq1_time`'s ``coef``."""
+        return (self.alpha, self.beta, self.gamma, self.eps, self.c, self.delta, self.zeta, self.eta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,13 +260,17 @@ def prefill_features(
 
 
 def eq1_time(coef: Sequence[float], sum_sq: int, t_lin: int, t_ft: int, kv: int, rows: int = 0) -> float:
-    """Equation I from its features (see :func:`prefill_features`); ``coef`` is ``(α, β, γ, ε, c, δ)``.
+    """Equation I from its features (see :func:`prefill_features`); ``coef`` is ``(α, β, γ, ε, c, δ, ζ, η)``.
 
-    The paper's 5-tuple ``(α, β, γ, ε, c)`` is accepted too (δ = 0). The terms are summed in a fixed order --
-    admission inlines this very expression and relies on bit-identical results.
+    Shorter tuples are accepted: the paper's ``(α, β, γ, ε, c)`` and ``(α, β, γ, ε, c, δ)`` (missing terms
+    are 0). The terms are summed in a fixed order -- admission inlines this very expression and relies on
+    bit-identical results.
     """
     d = coef[5] if len(coef) > 5 else 0.0
-    return coef[0] * sum_sq + coef[1] * t_lin + coef[2] * t_ft + coef[3] * kv + d * rows + coef[4]
+    base = coef[0] * sum_sq + coef[1] * t_lin + coef[2] * t_ft + coef[3] * kv + d * rows + coef[4]
+    if t_ft and len(coef) > 7:
+        return base + (coef[6] * (t_lin - t_ft) + coef[7])
+    return base
 
 
 def eq2_time(coef: tuple[float, float, float], num_decode: int, kv: int) -> float:
@@ -254,8 +287,9 @@ def _record_row(record: StepRecord) -> tuple[Equation, tuple[float, ...]] | None
     if record.prefill_lengths or record.finetune_lengths:
         s, t, f, k, r = prefill_features(record.prefill_lengths, record.num_decode, record.kv_tokens,
                                          record.finetune_lengths)
-        # column order = PrefillCoefficients field order (α, β, γ, ε, c, δ)
-        return Equation.PREFILL, (float(s), float(t), float(f), float(k), 1.0, float(r), float(y))
+        # column order = PrefillCoefficients field order (α, β, γ, ε, c, δ, ζ, η)
+        co = 1.0 if f else 0.0
+        return Equation.PREFILL, (float(s), float(t), float(f), float(k), 1.0, float(r), co * (t - f), co, float(y))
     return Equation.DECODE, (float(record.num_decode), float(record.kv_tokens), 1.0, float(y))
 
 
@@ -363,10 +397,10 @@ class LatencyModel:
         self._own_source: dict[tuple[ExecutionMode, Equation], str] = {}
         self.skipped_records = 0
         # Resolved (fallbacks applied) coefficient tuples, read by predict without locking.
-        self._eq1: dict[ExecutionMode, tuple[float, float, float, float, float, float]] = {}
+        self._eq1: dict[ExecutionMode, Eq1Coefficients] = {}
         self._eq2: dict[ExecutionMode, tuple[float, float, float]] = {}
         self._sources: dict[tuple[ExecutionMode, Equation], str] = {}
-        self._eq1_floor: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self._eq1_floor: tuple[float, ...] = _ZERO_EQ1
         self._ready = False
         self._warned_eager_from_graph = False
 
@@ -434,17 +468,17 @@ class LatencyModel:
         own prefill step must still run before their first token. That step has at least the one row, so
         the floor is α n² + β n + (c + δ).
         """
-        a, b, _, _, c, d = self._eq1_floor
+        a, b, _, _, c, d, _, _ = self._eq1_floor
         return a * (num_tokens * num_tokens) + b * num_tokens + (c + d)
 
     def prefill_floor_coefficients(self) -> tuple[float, float, float]:
         """``(α, β, c + δ)`` of :meth:`min_prefill_time` (δ folded into the constant: the request's own
         prefill step has at least its one row), for callers that inline it in a per-request loop."""
-        a, b, _, _, c, d = self._eq1_floor
+        a, b, _, _, c, d, _, _ = self._eq1_floor
         return a, b, c + d
 
-    def eq1_coefficients(self, mode: ExecutionMode) -> tuple[float, float, float, float, float, float] | None:
-        """Resolved ``(α, β, γ, ε, c, δ)`` for ``mode`` (fallbacks applied), or None. For :func:`eq1_time`."""
+    def eq1_coefficients(self, mode: ExecutionMode) -> Eq1Coefficients | None:
+        """Resolved ``(α, β, γ, ε, c, δ, ζ, η)`` for ``mode`` (fallbacks applied), or None. For :func:`eq1_time`."""
         return self._eq1.get(mode)
 
     def eq2_coefficients(self, mode: ExecutionMode) -> tuple[float, float, float] | None:
@@ -493,7 +527,7 @@ class LatencyModel:
     def _resolve(self) -> None:
         """Rebuild the prediction tables with fallbacks; called with the lock held after every change."""
         sources: dict[tuple[ExecutionMode, Equation], str] = {k: self._own_source.get(k, "fitted") for k in self._fits}
-        eq1: dict[ExecutionMode, tuple[float, float, float, float, float, float]] = {}
+        eq1: dict[ExecutionMode, Eq1Coefficients] = {}
         eq2: dict[ExecutionMode, tuple[float, float, float]] = {}
         for mode in _MODES:
             own = self._fits.get((mode, Equation.PREFILL))
@@ -512,12 +546,12 @@ class LatencyModel:
                 eq2[mode] = other.coef  # type: ignore[assignment]
                 sources[(mode, Equation.DECODE)] = f"fallback:{_OTHER[mode].value} decode coefficients"
             elif mode in eq1:
-                a, b, g, e, c, d = eq1[mode]
+                _, b, _, e, c, d, _, _ = eq1[mode]
                 eq2[mode] = (b + d, e, c)  # a decode-only step's rows are its B_d decodes
                 sources[(mode, Equation.DECODE)] = "fallback:prefill equation without prefill rows"
         self._sources = sources
         self._eq1_floor = (tuple(min(vals) for vals in zip(*eq1.values())) if eq1  # type: ignore[assignment]
-                           else (0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+                           else _ZERO_EQ1)
         self._eq1 = eq1
         self._eq2 = eq2
         self._ready = all(m in eq1 and m in eq2 for m in _MODES)
@@ -679,7 +713,7 @@ class LatencyModel:
         """JSON-able state: configuration and the *own* fits (fallbacks are re-derived on load).
         Records are not included; :class:`~deltaserve_core.calibration.CalibrationProfile` stores those."""
         fits: dict[str, dict[str, Any]] = {}
-        names = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c", "delta"),
+        names = {Equation.PREFILL: ("alpha", "beta", "gamma", "eps", "c", "delta", "zeta", "eta"),
                  Equation.DECODE: ("beta", "eps", "c")}
         for (mode, equation), fit in self._fits.items():
             fits.setdefault(mode.value, {})[equation.value] = {
