@@ -275,17 +275,21 @@ def test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly(
 
 @on_cuda
 @needs_vllm
-@pytest.mark.skipif(DTYPE != "float32" and "DELTASERVE_EXACTNESS_TOL" not in os.environ,
-                    reason="a bf16/fp16 engine is not exact against the fp32 PEFT loop (H200: 1.32 relative after 3 "
-                           "steps); set DELTASERVE_EXACTNESS_TOL to measure it")
 def test_cuda_training_through_vllm_equals_plain_peft(deltaserve_conformance_env: ConformanceEnv, dataset,  # noqa: F811
                                                       tiny_model, tmp_path) -> None:
     """tests/test_coserve.py's exactness test (same job, requests and steps) through this module's CUDA engine;
-    the adapter trained on the GPU is compared on the CPU with the fp32 PEFT loop. Prints the relative error."""
-    from test_coserve import train_and_compare
+    the adapter trained on the GPU is compared on the CPU with the fp32 PEFT loop. vLLM's CUDA LoRA kernels take
+    no fp32, so the engine is bf16/fp16 and the criterion is precision's own: the update is as close to fp32 PEFT
+    as plain PEFT's in the same dtype (test_coserve.assert_within_precision). Prints both."""
+    from test_coserve import assert_within_precision, train_and_compare
 
-    worst, moved, steps = train_and_compare(deltaserve_conformance_env.host, dataset, tiny_model, tmp_path)
-    print(f"exactness {DTYPE} engine: {steps} optimizer steps, adapter moved {moved:.3g}, "
-          f"max relative difference from the fp32 PEFT loop {worst:.3g}")
+    details: dict = {}
+    worst, moved, steps = train_and_compare(deltaserve_conformance_env.host, dataset, tiny_model, tmp_path, details)
+    print(f"exactness {DTYPE} engine: {steps} optimizer steps, adapter moved {moved:.3g}, max relative difference "
+          f"from the fp32 PEFT loop {worst:.3g}; update error {details['update_error']:.3g} (relative L2), plain "
+          f"PEFT in {DTYPE}: {details.get('peft_update_error', float('nan')):.3g}")
     assert moved > 0, "training did not change the adapter"
-    assert worst <= float(os.environ.get("DELTASERVE_EXACTNESS_TOL", "1e-4")), f"relative difference {worst:.3g}"
+    if DTYPE == "float32":
+        assert worst <= 1e-4, f"relative difference {worst:.3g}"
+    else:
+        assert_within_precision(details)

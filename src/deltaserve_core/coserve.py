@@ -313,6 +313,9 @@ class CoServer:
         admitted = self._admitted.pop(record.step_id, ())
         if record.aborted_sample_ids:
             self.stats.aborted_samples += len(record.aborted_sample_ids)
+            # Rows the host refused to place never reached its forward side, so no end_step freed their slots or
+            # the step's fine-tuning-only marker; for rows the forward did abort this is a no-op.
+            self.buffer.end_step(record.step_id, (), record.aborted_sample_ids)  # type: ignore[union-attr]
             self.pool.release(list(record.aborted_sample_ids))
         if record.finetune_sample_ids:
             self.stats.steps_with_finetune += 1

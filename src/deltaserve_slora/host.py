@@ -1,0 +1,395 @@
+"""The S-LoRA host: :class:`HostHooks` + :class:`HostDriver` over an in-process S-LoRA router (TP=1).
+
+S-LoRA's own launcher runs the router in a child process with a ZMQ link to an HTTP server and a detokenizer; with
+TP=1 its ``RouterManager`` drives a ``ModelRpcServer`` in the same process (``start_model_process`` returns an
+in-process client). This host builds that router itself, applies :mod:`.patches`, and steps ``router._step()`` on
+its own event loop. The detokenizer link is replaced by the driver's output collector (tokens, not text): every
+token S-LoRA sends to the output stage arrives there, so a fine-tuning row leaking past the filter would show up
+as a client output.
+
+``HostConfig.options`` (strings accepted, as from ``--host-option``):
+
+- ``slora_path``: the S-LoRA checkout (else ``$DELTASERVE_SLORA_PATH``, else an importable ``slora``).
+- ``max_total_token_num`` (default 8192): KV-pool tokens; ``pool_size_lora`` (default 4096): extra pool cells for
+  adapter rows (S-LoRA's unified paging).
+- ``work_dir``: where the fp16/MHA model copy and adapter folders go (default a temporary folder).
+
+S-LoRA runs fp16 on CUDA only (its kernels and ``exposed_add_batch`` accept fp16 only): other dtypes/devices are
+refused. Grouped-query models are served as their exact MHA expansion (:mod:`.layout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec
+from deltaserve_core.driver import (
+    ClientOutput,
+    ClientRequest,
+    HostConfig,
+    check_client_adapter,
+    run_to_completion,
+)
+from deltaserve_core.hooks import (
+    RESERVED_ADAPTER_NAME,
+    ActivationSink,
+    ReservedAdapterError,
+    ScheduleInterceptor,
+    StepSink,
+)
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    HostCapabilities,
+    ModelSpec,
+    ProfileShape,
+    ProposedBatch,
+    StepRecord,
+)
+
+from . import layout
+from .locate import activate, locate_slora
+from .patches import FINETUNE_REQUEST_PREFIX, Channel, _Info, install, uninstall
+
+__all__ = ["SloraHost"]
+
+_PROFILE_PREFIX = "__deltaserve_profile__"
+
+
+@dataclass
+class _Live:
+    request: ClientRequest
+    arrival: float
+    tokens: list[int] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+
+
+class _OutputCollector:
+    """Stands where S-LoRA's detokenizer socket was: receives ``BatchTokenIdOut`` objects (``send_pyobj``)."""
+
+    def __init__(self) -> None:
+        self.finished: list[ClientOutput] = []
+        self.live: dict[str, _Live] = {}
+        self.strays: dict[str, _Live] = {}
+
+    def send_pyobj(self, obj: Any) -> None:
+        infs = getattr(obj, "reqs_infs", None)
+        if infs is None:
+            return  # request-state / abort messages: the detokenizer's bookkeeping, no tokens
+        now = time.monotonic()
+        for rid, token, _meta, finished, _aborted in infs:
+            live = self.live.get(rid)
+            if live is None:
+                if rid.startswith(_PROFILE_PREFIX):
+                    continue  # calibration rows: the host's own throw-away requests
+                # Anything else is an output no client asked for: surfaced, never dropped.
+                live = self.strays.setdefault(rid, _Live(ClientRequest(rid, (0,), 1), now))
+            live.tokens.append(int(token))
+            live.times.append(now)
+            if finished:
+                self.live.pop(rid, None)
+                self.strays.pop(rid, None)
+                self.finished.append(ClientOutput(rid, tuple(live.tokens), live.arrival, live.times[0], live.times[-1],
+                                                  tuple(live.times)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SloraHost:
+    """DeltaServe host over stock S-LoRA (see the module docstring)."""
+
+    name = "slora"
+
+    def __init__(self, config: HostConfig) -> None:
+        if not config.device.startswith("cuda") or config.dtype != "float16":
+            raise ValueError(f"S-LoRA runs fp16 on CUDA only (its kernels and InferBatch accept fp16): start the "
+                             f"slora host with device=cuda, dtype=float16 (got {config.device}, {config.dtype})")
+        opts = dict(config.options)
+        self.checkout = locate_slora(opts.get("slora_path"))
+        activate(self.checkout)
+
+        import torch.distributed as dist
+        if dist.is_initialized():
+            raise RuntimeError("deltaserve_slora: torch.distributed is already initialised in this process; S-LoRA's "
+                               "ModelRpcServer initialises it itself (one S-LoRA host per process)")
+        from slora.common.configs.config import setting
+        from slora.server.input_params import InputParams
+        from slora.server.router.manager import RouterManager
+
+        self.config = config
+        self._tmp = Path(opts.get("work_dir") or tempfile.mkdtemp(prefix="deltaserve-slora-"))
+        self._model_dir, self._cfg = layout.write_mha_checkpoint(Path(config.model), self._tmp / "model")
+        self._hf_cfg = json.loads((Path(config.model) / "config.json").read_text())
+        self._dirs = itertools.count()
+        self._adapters: dict[str, str] = {}  # client-visible name -> S-LoRA adapter dir
+        self._ranks: dict[str, int] = {}
+        self.channel = Channel()
+        # Adapters S-LoRA must know at start-up: the zero adapter (base-request fix) and the client adapters.
+        zero = self._zero_state(8)
+        zero_dir = self._write_adapter(zero, "zero")
+        startup = [zero_dir]
+        for name, path in config.client_adapters.items():
+            if name == RESERVED_ADAPTER_NAME:
+                raise ReservedAdapterError(name)
+            startup.append(self._write_adapter(LoraAdapterState.load_pretrained(path, name=name), name))
+            self._adapters[name] = startup[-1]
+        setting["max_req_total_len"] = int(opts.get("max_req_total_len", 2048))
+        setting["nccl_port"] = _free_port()
+        max_tokens = int(opts.get("max_total_token_num", 8192))
+        self._params = InputParams(
+            max_req_total_len=setting["max_req_total_len"], max_total_token_num=max_tokens,
+            pool_size_lora=int(opts.get("pool_size_lora", 4096)), batch_max_tokens=config.max_batch_tokens,
+            running_max_req_size=config.max_running_requests, swap=True, prefetch=False, prefetch_size=0,
+            scheduler="slora", profile=False, batch_num_adapters=None, enable_abort=False, dummy=False,
+            no_lora_compute=False, no_lora_swap=False, no_kernel=False, no_mem_pool=False, bmm=False, no_lora=False,
+            fair_weights=[1])
+        self._loop = asyncio.new_event_loop()
+        self.router = RouterManager(str(self._model_dir), startup, load_way="HF", world_size=1,
+                                    eos_id=self._cfg.get("eos_token_id"), router_port=_free_port(),
+                                    detokenization_port=_free_port(), model_rpc_ports=[_free_port()],
+                                    input_params=self._params, log_stats=False)
+        self._loop.run_until_complete(self.router.wait_to_model_ready())
+        self.server = self.router.model_rpcs[0].model
+        self._collector = _OutputCollector()
+        self.router.send_to_detokenization = self._collector
+        self.channel.zero_dir = zero_dir
+        self.installed = install(self.router, self.server, self.channel)
+        self._closed = False
+        self._capabilities = HostCapabilities(
+            engine="slora", engine_version=(self.checkout.commit or "c1ddf48-equivalent")[:12], mixed_batches=False,
+            graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype="float16", device=config.device,
+            supports_abort=False, max_finetune_tokens_per_step=config.max_batch_tokens)
+
+    # ------------------------------------------------------------------------------------ adapters
+
+    def _zero_state(self, r: int) -> LoraAdapterState:
+        import torch
+
+        hidden, layers = int(self._cfg["hidden_size"]), int(self._cfg["num_hidden_layers"])
+        kv_out = int(self._hf_cfg.get("num_key_value_heads") or self._hf_cfg["num_attention_heads"]) * (
+            hidden // int(self._hf_cfg["num_attention_heads"]))
+        tensors = {}
+        for li in range(layers):
+            for m in layout.SLORA_MODULES:
+                out = kv_out if m in ("k_proj", "v_proj") else hidden
+                p = f"base_model.model.model.layers.{li}.self_attn.{m}"
+                tensors[f"{p}.lora_A.weight"] = torch.zeros(r, hidden)
+                tensors[f"{p}.lora_B.weight"] = torch.zeros(out, r)
+        return LoraAdapterState("deltaserve-zero", 0, LoraConfigSpec(r=r, lora_alpha=float(r)), tensors)
+
+    def _write_adapter(self, state: LoraAdapterState, name: str) -> str:
+        d = self._tmp / "adapters" / layout.slora_dir_name(name, next(self._dirs))
+        layout.write_slora_adapter(state, self._hf_cfg, d)
+        return str(d)
+
+    def _register(self, directory: str) -> None:
+        """Make an adapter folder known to a running S-LoRA (its router and ModelRpcServer only read them at init)."""
+        from slora.models.peft.lora_adapter import LoraTpPartAdapter
+        from slora.utils.model_utils import get_model_config
+
+        adapter = LoraTpPartAdapter(0, 1, directory, get_model_config(str(self._model_dir)), swap=True, dummy=False,
+                                    no_lora_swap=False, prefetch_stream=None)
+        self.server.adapter_id[directory] = len(self.server.adapters)
+        self.server.adapters.append(adapter)
+        self.router.lora_ranks[directory] = adapter.r
+
+    def _write_rows(self, directory: str, state: LoraAdapterState) -> None:
+        """Put ``state`` into an adapter's host copy and, when it sits in the KV pool, into its pool rows."""
+        import torch
+
+        adapter = self.server.adapters[self.server.adapter_id[directory]]
+        rows = layout.pool_rows(state, self._hf_cfg)
+        for layer, block in zip(adapter.layers, rows):
+            layer.w_combined_home.copy_(block)
+        ia = self.server.infer_adapter
+        idx = ia.idx_map.get(directory)
+        if idx is not None:
+            start, n = int(ia.a_start[idx]), int(ia.a_len[idx])
+            loc = ia.a_loc[start:start + n]
+            mm = self.server.model.mem_manager
+            for li, block in enumerate(rows):
+                mm.key_buffer[li][loc] = block[0].to(mm.key_buffer[li].device)
+                mm.value_buffer[li][loc] = block[1].to(mm.value_buffer[li].device)
+            torch.cuda.synchronize()
+
+    def _check_rank(self, state: LoraAdapterState) -> None:
+        if state.config.r > self.config.max_lora_rank:
+            raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
+                             f"{self.config.max_lora_rank}")
+
+    # ------------------------------------------------------------------------------------ HostHooks
+
+    def capabilities(self) -> HostCapabilities:
+        return self._capabilities
+
+    def model_spec(self) -> ModelSpec:
+        cfg = self._hf_cfg
+        return ModelSpec(path=str(self.config.model), architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0],
+                         num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
+                         vocab_size=int(cfg["vocab_size"]), dtype="float16")
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        self.channel.interceptor = interceptor
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        self.channel.activation_sink = sink
+
+    def report_step_time(self, sink: StepSink | None) -> None:
+        self.channel.step_sink = sink
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        return ExecutionMode.EAGER  # S-LoRA has no CUDA graphs
+
+    def set_finetune_adapter(self, state: LoraAdapterState) -> None:
+        self._check_rank(state)
+        key = f"{RESERVED_ADAPTER_NAME}/r{state.config.r}"
+        directory = self._adapters.get(key)
+        if directory is None:  # first load (or a new rank): a folder S-LoRA's loader reads, registered at run time
+            directory = self._write_adapter(state, "finetune")
+            self._register(directory)
+            self._adapters[key] = directory
+        self._write_rows(directory, state)  # in place: later steps' rows use exactly these weights
+        self.channel.reserved_dir = directory
+
+    def publish_adapter(self, state: LoraAdapterState) -> str:
+        # A fresh name and adapter entry per version: S-LoRA has no prefix cache, and older versions stay servable.
+        self._check_rank(state)
+        name = f"{state.name}@v{state.version}"
+        # The folder only tells S-LoRA's loader the rank and scaling (lora_alpha / r); its rows are then written from
+        # `state` by layout.pool_rows, so what clients get is this transform's output, checked by conformance.
+        zero = self._zero_state(state.config.r)
+        zero = LoraAdapterState(name, state.version, state.config, zero.tensors, state.base_model_path)
+        directory = self._write_adapter(zero, name)
+        self._register(directory)
+        self._write_rows(directory, state)
+        self._adapters[name] = directory
+        return name
+
+    def run_profile_step(self, shape: ProfileShape) -> StepRecord:
+        """Runs ``shape`` through S-LoRA's normal path. S-LoRA never mixes prefill and decode, so a shape with both
+        runs as its decode step followed by its prefill step (with the fine-tuning rows); the record sums their
+        measured times: what S-LoRA takes to serve that composition."""
+        ch = self.channel
+        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
+        vocab = int(self._hf_cfg["vocab_size"])
+        run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
+        ch.profiling, ch.profile_records = True, []
+        try:
+            if shape.num_decode:
+                for i in range(shape.num_decode):
+                    self._add(f"{run}-d{i}", [rng.randrange(3, vocab) for _ in range(max(1, shape.decode_context))],
+                              None, 2)
+                self._step()  # warm-up prefill of the decode rows' contexts (not part of the profiled shape)
+                ch.profile_records.clear()
+            for i, n in enumerate(shape.prefill_lengths):
+                self._add(f"{run}-p{i}", [rng.randrange(3, vocab) for _ in range(n)], None, 1)
+            if shape.finetune_lengths:
+                ch.profile_samples = tuple(
+                    FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)),
+                                   (False,) + (True,) * (n - 1)) for i, n in enumerate(shape.finetune_lengths))
+            for _ in range(8):
+                if not (self.router.running_batch is not None or self.router.req_queue.waiting_req_list
+                        or ch.profile_samples):
+                    break
+                self._step()
+            records = list(ch.profile_records)
+        finally:
+            ch.profiling, ch.profile_samples, ch.profile_records = False, None, []
+        if not records:
+            raise RuntimeError(f"the profile step for {shape} did not run")
+        decode = [r for r in records if r.num_decode][:1]
+        prefill = [r for r in records if r.prefill_lengths or r.finetune_lengths][:1]
+        parts = decode + prefill
+        record = StepRecord(step_id=parts[-1].step_id, start_time=parts[0].start_time,
+                            duration_s=sum(r.duration_s for r in parts), mode=ExecutionMode.EAGER,
+                            prefill_lengths=sum((r.prefill_lengths for r in prefill), ()),
+                            num_decode=sum(r.num_decode for r in decode), kv_tokens=sum(r.kv_tokens for r in decode),
+                            finetune_sample_ids=sum((r.finetune_sample_ids for r in prefill), ()),
+                            finetune_lengths=sum((r.finetune_lengths for r in prefill), ()), synthetic=True)
+        if ch.step_sink is not None:
+            ch.step_sink(record)
+        return record
+
+    # ------------------------------------------------------------------------------------ HostDriver
+
+    def load_client_adapter(self, name: str, path: str) -> None:
+        if name == RESERVED_ADAPTER_NAME:
+            raise ReservedAdapterError(name)
+        directory = self._write_adapter(LoraAdapterState.load_pretrained(path, name=name), name)
+        self._register(directory)
+        self._adapters[name] = directory
+
+    def _add(self, rid: str, prompt: list[int], adapter_dir: str | None, max_tokens: int,
+             ignore_eos: bool = True) -> None:
+        from slora.server.sampling_params import SamplingParams
+
+        params = SamplingParams(do_sample=False, ignore_eos=ignore_eos, max_new_tokens=max_tokens)
+        params.stop_sequences = []
+        params.verify()
+        self.router.add_req(adapter_dir, prompt, params, rid)
+
+    def submit(self, request: ClientRequest) -> None:
+        loaded = {n for n in self._adapters if not n.startswith(RESERVED_ADAPTER_NAME + "/")}
+        check_client_adapter(request, loaded)
+        rid = request.request_id
+        if (rid in self._collector.live or rid.startswith(FINETUNE_REQUEST_PREFIX)
+                or rid.startswith(_PROFILE_PREFIX)):
+            raise ValueError(f"request id {rid!r} is already in flight or reserved")
+        now = time.monotonic()
+        self._collector.live[rid] = _Live(request, now)
+        self.channel.info[rid] = _Info(now, request.slo)
+        self._add(rid, list(request.prompt_ids), self._adapters.get(request.adapter) if request.adapter else None,
+                  request.max_tokens, request.ignore_eos)
+        if self.channel.interceptor is not None:
+            self.channel.interceptor.on_arrival(rid, now)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._collector.live)
+
+    def _step(self) -> None:
+        self._loop.run_until_complete(self.router._step())
+
+    def step(self) -> list[ClientOutput]:
+        self._step()
+        out, self._collector.finished = self._collector.finished, []
+        return out
+
+    def run_idle_step(self) -> bool:
+        if self.has_unfinished() or self.router.running_batch is not None or self.channel.interceptor is None:
+            return False
+        before = self.channel.forwards
+        self._step()
+        return self.channel.forwards > before
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        return run_to_completion(self, requests)
+
+    def shutdown(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        uninstall()
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            self._loop.close()
+            if not self.config.options.get("work_dir"):
+                shutil.rmtree(self._tmp, ignore_errors=True)

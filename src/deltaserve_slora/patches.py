@@ -1,0 +1,406 @@
+"""Every S-LoRA method DeltaServe wraps, in one place, with the record of why and what breaks it.
+
+Nothing in the user's checkout is edited: the wraps are applied at run time, before the router steps, and
+removed by :func:`uninstall`. Router-side wraps are on the *instances* (this router, its request queue, its
+``ModelRpcServer``); the two model-side wraps are on the class ``LoraUnorderedBatchInfer`` because S-LoRA builds
+a fresh instance of it inside every ``forward`` (its layers are plain classes, not ``nn.Module``: there are no
+module hooks to use). Both class wraps pass straight through unless a step of this process's DeltaServe host is
+running. :data:`PATCHES` is the record (``docs/slora-adapter.md`` prints it); :func:`install` refuses to wrap
+anything not in it and reports what it wrapped, which the GPU test compares with the record.
+
+This module imports S-LoRA only inside :func:`install` (after :func:`deltaserve_slora.locate.activate`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    ProposedBatch,
+    RequestSLO,
+    ScheduledRequest,
+    StepRecord,
+)
+
+__all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "Channel", "Patch", "StepPlan", "install", "uninstall"]
+
+#: S-LoRA request ids of fine-tuning rows (client ids with this prefix are refused by the host).
+FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str  # the wrapped method, as S-LoRA spells it
+    scope: str  # "instance" (this router/queue/server object) or "class" (every instance in the process)
+    why: str
+    breaks_if: str
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch("slora.server.router.req_queue.ReqQueue.generate_new_batch", "instance",
+          "batch formation: S-LoRA's proposed prefill batch is offered to the core's on_schedule; returned samples "
+          "are appended to that same batch as 1-token (max_new_tokens=1) requests on the reserved adapter, all or "
+          "nothing (token budget, request slots, free KV cells). With nothing running and nothing to prefill an "
+          "empty batch is offered, so the core can issue a fine-tuning-only step",
+          "the signature (current_batch, lora_ranks) -> Batch | None, Batch(batch_id, reqs), Req fields, or "
+          "RouterManager._step calling it per prefill decision change"),
+    Patch("slora.server.router.manager.RouterManager._decode_batch", "instance",
+          "decode steps are offered to on_schedule too (once per step); S-LoRA never mixes prefill and decode, so "
+          "samples returned for a decode step are refused (reported as aborted), never run; emits the StepRecord",
+          "decode no longer going through _decode_batch(batch), or Req.output_ids/input_len changing"),
+    Patch("slora.server.router.manager.RouterManager._prefill_batch", "instance",
+          "binds the step plan to the batch being prefilled and emits its StepRecord after S-LoRA processed the "
+          "step's outputs (tokens appended, finished rows retired)",
+          "_prefill_batch(batch, minibatch) renamed or the per-step flow in RouterManager._step changing"),
+    Patch("slora.server.router.manager.RouterManager._send_to_detokenization_proc", "instance",
+          "output filter: fine-tuning rows' sampled token is dropped before the detokenizer, so it never reaches the "
+          "output stage or a client (add_req is never called for them, so the detokenizer never knew them)",
+          "a second path to the detokenizer, or req_ans losing its {request_id: (token, metadata)} shape"),
+    Patch("slora.server.router.model_infer.model_rpc.ModelRpcServer.forward", "instance",
+          "truthful step time (torch.cuda.synchronize before and after the forward + sampling); begin_step/end_step; "
+          "locates fine-tuning rows in the step (prefill rows are packed in request order); loads the zero adapter "
+          "used by the base-request fix below",
+          "forward(batch_id, is_prefill) renamed, InferBatch.requests/input_lengths changing, or TP > 1 (rpyc)"),
+    Patch("slora.models.peft.lora_unordered_batch_infer.LoraUnorderedBatchInfer._lora_context_forward", "class",
+          "per-layer capture: the residual stream entering decoder layer i (input_embs, updated in place by the "
+          "layer, so the sink copies it) is handed to the activation sink for each fine-tuning row",
+          "_context_forward no longer calling self._lora_context_forward(i, input_embs, infer_state, ...) per layer"),
+    Patch("slora.models.peft.lora_unordered_batch_infer.LoraUnorderedBatchInfer.__init__", "class",
+          "fixes S-LoRA's base-request bug: rows without an adapter keep req_bins == 0 and silently get adapter #0 of "
+          "the pool applied whenever they share a step with LoRA rows (fine-tuning rows make that common). Such rows "
+          "are pointed at an all-zero adapter instead, so their LoRA delta is exactly 0",
+          "req_bins/infer_adapter.idx_map renamed, or S-LoRA fixing the bug itself (then drop this wrap)"),
+)
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    samples: dict[str, FineTuneSample] = field(default_factory=dict)  # S-LoRA request id -> sample
+    prefill_lengths: tuple[int, ...] = ()
+    num_decode: int = 0
+    kv_tokens: int = 0
+    refused: tuple[int, ...] = ()
+    synthetic: bool = False
+    start: float = 0.0
+    duration: float = 0.0
+    ran: bool = False
+
+
+@dataclass
+class _Info:
+    arrival: float
+    slo: RequestSLO | None = None
+    first: float | None = None
+    last: float | None = None
+
+
+@dataclass
+class Channel:
+    """State the wraps share with the host object (one DeltaServe host per process)."""
+
+    interceptor: ScheduleInterceptor | None = None
+    activation_sink: ActivationSink | None = None
+    step_sink: StepSink | None = None
+    reserved_dir: str | None = None  # S-LoRA adapter dir of the reserved fine-tuning adapter
+    zero_dir: str | None = None  # all-zero adapter for base rows that share a step with LoRA rows
+    step_ids: Any = field(default_factory=itertools.count)
+    plans: dict[str, StepPlan] = field(default_factory=dict)  # S-LoRA batch id -> plan of the step about to run
+    current: StepPlan | None = None
+    offer_idle: bool = True
+    profile_samples: tuple[FineTuneSample, ...] | None = None
+    profiling: bool = False
+    profile_records: list[StepRecord] = field(default_factory=list)
+    info: dict[str, _Info] = field(default_factory=dict)
+    installed: list[str] = field(default_factory=list)
+    refused_decode_samples: int = 0
+    forwards: int = 0  # forwards run (run_idle_step's answer)
+    on_token: Callable[[str, int, bool], None] | None = None  # driver's client-output path (tests only)
+
+
+_ACTIVE: Channel | None = None  # the channel whose step is in forward (class-level wraps read it)
+_UNDO: list[Callable[[], None]] = []
+
+
+def _wrap(owner: Any, attr: str, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+          ch: Channel) -> None:
+    if name not in {p.name for p in PATCHES}:
+        raise RuntimeError(f"deltaserve_slora: {name} is not in the patch record (patches.PATCHES)")
+    original = getattr(owner, attr, None)
+    if original is None:
+        raise RuntimeError(f"deltaserve_slora: S-LoRA has no {name}; this S-LoRA is not a tested version")
+    is_class = isinstance(owner, type)
+    raw = owner.__dict__[attr] if is_class else original
+    setattr(owner, attr, make(raw))
+    ch.installed.append(name)
+
+    def undo() -> None:
+        if is_class:
+            setattr(owner, attr, raw)
+        else:
+            try:
+                delattr(owner, attr)  # back to the class's method
+            except AttributeError:
+                pass
+    _UNDO.append(undo)
+
+
+def _view_waiting(ch: Channel, req: Any, now: float) -> ScheduledRequest:
+    info = ch.info.get(req.request_id) or _Info(now)
+    return ScheduledRequest(request_id=req.request_id, arrival_time=info.arrival, prefill_tokens=req.input_len,
+                            context_tokens=0, output_tokens=0, slo=info.slo)
+
+
+def _view_decode(ch: Channel, req: Any, now: float) -> ScheduledRequest:
+    info = ch.info.get(req.request_id) or _Info(now)
+    return ScheduledRequest(request_id=req.request_id, arrival_time=info.arrival, prefill_tokens=0,
+                            # the newest token is this step's input: KV holds prompt + earlier outputs
+                            context_tokens=req.input_len + len(req.output_ids) - 1,
+                            output_tokens=len(req.output_ids), first_token_time=info.first,
+                            last_token_time=info.last, slo=info.slo)
+
+
+def install(router: Any, server: Any, ch: Channel) -> list[str]:
+    """Apply every patch of :data:`PATCHES` to this router/server; returns the names applied (in order)."""
+    global _ACTIVE
+    import torch
+    from slora.models.peft.lora_unordered_batch_infer import LoraUnorderedBatchInfer
+    from slora.server.io_struct import Batch, Req
+    from slora.server.sampling_params import SamplingParams
+
+    if _UNDO:
+        raise RuntimeError("deltaserve_slora: patches are already installed in this process (one host per process)")
+    _ACTIVE = None
+    queue = router.req_queue
+    params = router.input_params
+
+    def ft_params() -> Any:
+        sp = SamplingParams(do_sample=False, ignore_eos=True, max_new_tokens=1)
+        sp.stop_sequences = []
+        return sp
+
+    def make_ft_reqs(step_id: int, samples: tuple[FineTuneSample, ...]) -> dict[str, Any]:
+        if ch.reserved_dir is None:
+            raise RuntimeError("fine-tuning samples were injected before set_finetune_adapter() loaded the reserved "
+                               "adapter; the core must call set_finetune_adapter first")
+        return {f"{FINETUNE_REQUEST_PREFIX}{step_id}-{s.sample_id}": s for s in samples}
+
+    def fits(batch_reqs: list[Any], current: Any, samples: tuple[FineTuneSample, ...]) -> bool:
+        ft_tokens = sum(s.num_tokens for s in samples)
+        tokens = sum(r.input_len for r in batch_reqs) + ft_tokens
+        running = len(current.reqs) if current is not None else 0
+        free = server.model.mem_manager.can_use_mem_size
+        # this step allocates its prompt rows now, plus pool cells for adapters loaded for it (4r each)
+        adapter_cells = 4 * max(router.lora_ranks.values() or [0]) * 2
+        return (tokens <= params.batch_max_tokens and running + len(batch_reqs) + len(samples) <= params.running_max_req_size
+                and tokens + adapter_cells <= free)
+
+    # -- batch formation ---------------------------------------------------------------------------------
+    def wrap_generate(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def generate_new_batch(current_batch: Any, lora_ranks: dict[Any, int]) -> Any:
+            batch = orig(current_batch, lora_ranks)
+            if batch is None and current_batch is not None:
+                return None  # the step is a decode: _decode_batch offers it
+            if batch is None and not (ch.offer_idle or ch.profile_samples):
+                return None
+            now = time.monotonic()
+            reqs = list(batch.reqs) if batch is not None else []
+            step_id = next(ch.step_ids)
+            waiting = [_view_waiting(ch, r, now) for r in queue.waiting_req_list if not r.aborted]
+            waiting += [_view_decode(ch, r, now) for r in (current_batch.reqs if current_batch is not None else [])]
+            proposed = ProposedBatch(step_id=step_id, now=now, scheduled=tuple(_view_waiting(ch, r, now) for r in reqs),
+                                     waiting=tuple(waiting), mode=ExecutionMode.EAGER)
+            synthetic = False
+            if ch.profiling:
+                samples, ch.profile_samples, synthetic = tuple(ch.profile_samples or ()), None, True
+            elif ch.interceptor is not None:
+                samples = tuple(ch.interceptor.on_schedule(proposed))
+            else:
+                samples = ()
+            plan = StepPlan(step_id=step_id, prefill_lengths=proposed.prefill_lengths, synthetic=synthetic)
+            if samples and fits(reqs, current_batch, samples):
+                plan.samples = make_ft_reqs(step_id, samples)
+                reqs += [Req(ch.reserved_dir, rid, list(s.input_ids), ft_params()) for rid, s in plan.samples.items()]
+            elif samples:
+                plan.refused = tuple(s.sample_id for s in samples)
+            if not reqs:
+                if plan.refused and ch.step_sink is not None:  # nothing runs; the samples go back to the pool
+                    ch.step_sink(StepRecord(step_id=step_id, start_time=now, duration_s=0.0,
+                                            mode=ExecutionMode.EAGER, aborted_sample_ids=plan.refused))
+                return None
+            new_batch = Batch(batch.batch_id if batch is not None else uuid.uuid4().hex, reqs)
+            ch.plans[new_batch.batch_id] = plan
+            return new_batch
+        return generate_new_batch
+
+    _wrap(queue, "generate_new_batch", PATCHES[0].name, wrap_generate, ch)
+
+    def report(plan: StepPlan) -> None:
+        ids = tuple(s.sample_id for s in plan.samples.values())
+        record = StepRecord(step_id=plan.step_id, start_time=plan.start, duration_s=plan.duration,
+                            mode=ExecutionMode.EAGER, prefill_lengths=plan.prefill_lengths,
+                            num_decode=plan.num_decode, kv_tokens=plan.kv_tokens, finetune_sample_ids=ids,
+                            finetune_lengths=tuple(s.num_tokens for s in plan.samples.values()),
+                            aborted_sample_ids=plan.refused, synthetic=plan.synthetic)
+        if plan.synthetic:
+            ch.profile_records.append(record)
+        elif ch.step_sink is not None:
+            ch.step_sink(record)
+
+    # -- decode steps ------------------------------------------------------------------------------------
+    def wrap_decode(orig: Callable[..., Any]) -> Callable[..., Any]:
+        async def _decode_batch(batch: Any) -> Any:
+            now = time.monotonic()
+            step_id = next(ch.step_ids)
+            views = tuple(_view_decode(ch, r, now) for r in batch.reqs)
+            proposed = ProposedBatch(step_id=step_id, now=now, scheduled=views,
+                                     waiting=tuple(_view_waiting(ch, r, now) for r in queue.waiting_req_list
+                                                   if not r.aborted), mode=ExecutionMode.EAGER)
+            plan = StepPlan(step_id=step_id, num_decode=proposed.num_decode, kv_tokens=proposed.kv_tokens,
+                            synthetic=ch.profiling)
+            if ch.interceptor is not None and not ch.profiling:
+                refused = tuple(ch.interceptor.on_schedule(proposed))
+                if refused:  # S-LoRA cannot add prefill rows to a decode step (capabilities: mixed_batches=False)
+                    ch.refused_decode_samples += len(refused)
+                    plan.refused = tuple(s.sample_id for s in refused)
+            ch.plans[batch.batch_id] = plan
+            out = await orig(batch)
+            ch.plans.pop(batch.batch_id, None)
+            report(plan)
+            return out
+        return _decode_batch
+
+    _wrap(router, "_decode_batch", PATCHES[1].name, wrap_decode, ch)
+
+    def wrap_prefill(orig: Callable[..., Any]) -> Callable[..., Any]:
+        async def _prefill_batch(batch: Any, minibatch: bool = True) -> Any:
+            plan = ch.plans.get(batch.batch_id)
+            if plan is None:  # a batch formed outside generate_new_batch (S-LoRA has none): still one record
+                plan = StepPlan(step_id=next(ch.step_ids), prefill_lengths=tuple(r.input_len for r in batch.reqs))
+                ch.plans[batch.batch_id] = plan
+            out = await orig(batch, minibatch)
+            ch.plans.pop(batch.batch_id, None)
+            report(plan)
+            return out
+        return _prefill_batch
+
+    _wrap(router, "_prefill_batch", PATCHES[2].name, wrap_prefill, ch)
+
+    # -- output filter -------------------------------------------------------------------------------------
+    def wrap_send(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def _send_to_detokenization_proc(batch: Any, req_ans: dict[str, Any]) -> Any:
+            now = time.monotonic()
+            kept = {rid: v for rid, v in req_ans.items() if not rid.startswith(FINETUNE_REQUEST_PREFIX)}
+            for rid in kept:
+                info = ch.info.get(rid)
+                if info is not None:
+                    info.first = info.first if info.first is not None else now
+                    info.last = now
+                    if batch.id_to_reqs[rid].has_generate_finished:
+                        ch.info.pop(rid, None)
+            return orig(batch, kept)
+        return _send_to_detokenization_proc
+
+    _wrap(router, "_send_to_detokenization_proc", PATCHES[3].name, wrap_send, ch)
+
+    # -- forward: timing, rows, zero adapter ---------------------------------------------------------------
+    def wrap_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(batch_id: Any, is_prefill: bool) -> Any:
+            global _ACTIVE
+            infer_batch = server.cache[batch_id]
+            plan = ch.plans.get(batch_id)
+            rows: dict[int, tuple[int, int]] = {}
+            if plan is not None and plan.samples and is_prefill:
+                start = 0
+                for req, n in zip(infer_batch.requests, infer_batch.input_lengths):
+                    sample = plan.samples.get(req["request_id"])
+                    if sample is not None:
+                        rows[sample.sample_id] = (start, n)
+                    start += n
+            dirs = set(infer_batch.adapter_dirs)
+            if None in dirs and len(dirs) > 1:
+                _ensure_zero_adapter(server, ch)
+            sink = ch.activation_sink if rows and not (plan is not None and plan.synthetic) else None
+            if sink is not None:
+                sink.begin_step(plan.step_id, list(plan.samples.values()))  # type: ignore[union-attr]
+            ch.current, _ACTIVE = plan, ch
+            ch.forwards += 1
+            _CAPTURE.update(sink=sink, rows=rows, step_id=plan.step_id if plan is not None else -1,
+                            synthetic_rows=rows if sink is None else {})
+            torch.cuda.synchronize()
+            start_t = time.monotonic()
+            try:
+                return orig(batch_id, is_prefill)
+            finally:
+                torch.cuda.synchronize()
+                end_t = time.monotonic()
+                ch.current, _ACTIVE = None, None
+                _CAPTURE.update(sink=None, rows={}, step_id=-1, synthetic_rows={})
+                if plan is not None:
+                    plan.start, plan.duration, plan.ran = start_t, end_t - start_t, True
+                if sink is not None:
+                    ids = [s.sample_id for s in plan.samples.values()]  # type: ignore[union-attr]
+                    sink.end_step(plan.step_id, ids, [])  # type: ignore[union-attr]
+        return forward
+
+    _wrap(server, "forward", PATCHES[4].name, wrap_forward, ch)
+
+    # -- model side (class-level; inert unless _ACTIVE) ----------------------------------------------------
+    def wrap_layer(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def _lora_context_forward(self: Any, layer_id: int, input_embs: Any, infer_state: Any,
+                                  no_lora_compute: bool = False) -> Any:
+            sink = _CAPTURE["sink"]
+            if sink is not None:
+                for sid, (s, n) in _CAPTURE["rows"].items():
+                    sink.layer_input(_CAPTURE["step_id"], layer_id, sid, input_embs[s:s + n])
+            else:
+                for s, n in _CAPTURE["synthetic_rows"].values():  # calibration prices the copy a sink makes
+                    input_embs[s:s + n].clone()
+            return orig(self, layer_id, input_embs, infer_state, no_lora_compute)
+        return _lora_context_forward
+
+    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].name, wrap_layer, ch)
+
+    def wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, base_model: Any, adapters: list[Any], infer_adapter: Any = None) -> None:
+            orig(self, base_model, adapters, infer_adapter)
+            active = _ACTIVE
+            if active is None or infer_adapter is None or active.zero_dir is None:
+                return
+            if any(a is None for a in adapters) and any(a is not None for a in adapters):
+                zero = infer_adapter.idx_map.get(active.zero_dir)
+                if zero is None:
+                    raise RuntimeError("deltaserve_slora: the zero adapter for base rows is not in the pool")
+                for i, a in enumerate(adapters):
+                    if a is None:
+                        self.req_bins[i] = zero
+        return __init__
+
+    _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].name, wrap_init, ch)
+    return list(ch.installed)
+
+
+_CAPTURE: dict[str, Any] = {"sink": None, "rows": {}, "step_id": -1, "synthetic_rows": {}}
+
+
+def _ensure_zero_adapter(server: Any, ch: Channel) -> None:
+    if ch.zero_dir is None:
+        raise RuntimeError("deltaserve_slora: no zero adapter registered for base rows")
+    if ch.zero_dir not in server.infer_adapter.idx_map:
+        server.infer_adapter.load_adapters([server.adapters[server.adapter_id[ch.zero_dir]]])
+
+
+def uninstall() -> None:
+    """Remove every wrap (instance wraps fall back to the class methods, class wraps are restored)."""
+    global _ACTIVE
+    while _UNDO:
+        _UNDO.pop()()
+    _ACTIVE = None
