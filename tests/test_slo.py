@@ -247,3 +247,37 @@ def test_step_budget_is_the_minimum_of_the_per_request_rules(scheduled, waiting,
     want = min(slacks, default=math.inf)
     got = step_budget(b, slo, m, mixed_batches=mixed).delta
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_slo_monitor_counts_ttft_and_mean_tpot_from_the_views():
+    from deltaserve_core.slo import SLOMonitor
+    from deltaserve_core.types import RequestSLO
+
+    mon = SLOMonitor(SLOConfig(ttft_s=1.0, tpot_s=0.1), every_s=0.5)
+    assert mon.attainment() == {"requests": 0, "ttft": None, "tpot": None, "slo": None}
+
+    def view(rid, arrival, first=None, last=None, out=0, slo=None):
+        return ScheduledRequest(rid, arrival, 0, 10, out, first, last, slo)
+
+    mon.observe(ProposedBatch(0, now=10.0, scheduled=(
+        view("fast", 9.0, first=9.5, last=9.7, out=4),        # TTFT 0.5, mean TPOT 0.067: both met
+        view("slow-first", 7.0, first=8.5, last=8.55, out=2),  # TTFT 1.5: missed
+        view("waiting", 9.9),                                 # no token yet: not counted
+    ), waiting=(view("own-slo", 6.0, first=7.8, last=8.6, out=3, slo=RequestSLO(ttft_s=2.0, tpot_s=0.5)),)))
+    # a view within every_s of the last sample is skipped (the scheduling path pays for one read in many)
+    mon.observe(ProposedBatch(1, now=10.2, scheduled=(view("slow-tpot", 9.0, first=9.1, last=10.1, out=3),)))
+    assert mon.attainment() == {"requests": 3, "ttft": 2 / 3, "tpot": 1.0, "slo": 2 / 3}
+    mon.observe(ProposedBatch(2, now=10.6, scheduled=(view("slow-tpot", 9.0, first=9.1, last=10.1, out=3),)))
+    got = mon.attainment()
+    assert got == {"requests": 4, "ttft": 3 / 4, "tpot": 3 / 4, "slo": 2 / 4}  # its mean TPOT 0.5 > 0.1
+
+
+def test_slo_monitor_memory_is_bounded():
+    from deltaserve_core.slo import SLOMonitor
+
+    mon = SLOMonitor(SLOConfig(ttft_s=1.0, tpot_s=0.1), every_s=0.0, capacity=10)
+    for i in range(50):
+        mon.observe(ProposedBatch(i, now=float(i), scheduled=(ScheduledRequest(f"r{i}", i - 0.5, 0, 5, 1, i - 0.1 if i % 2 else i + 1.0, None),)))
+    assert len(mon._live) == 10
+    got = mon.attainment()
+    assert got["requests"] == 50 and got["ttft"] == 0.5 and got["tpot"] is None

@@ -44,7 +44,7 @@ from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
 from .latency_model import LatencyModel
 from .lora_backward import TrainerConfig
-from .slo import SLOConfig
+from .slo import SLOConfig, SLOMonitor
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
 __all__ = ["CoServer", "CoServeStats"]
@@ -130,6 +130,7 @@ class CoServer:
         self.dataset.report.log()
         self.pool: FinetunePool = self.dataset.make_pool()
         self.slo = SLOConfig(job.slo.ttft_s, job.slo.tpot_s, job.slo.avg_tpot_s)
+        self.slo_monitor = SLOMonitor(self.slo)
         self.admission = Admission(self.model, self.slo, mixed_batches=self.caps.mixed_batches,
                                    max_ft_tokens_per_step=min(self.caps.max_finetune_tokens_per_step, job.buffer_tokens),
                                    decode_mode=self._decode_mode)
@@ -266,6 +267,7 @@ class CoServer:
 
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
         self.poll()
+        self.slo_monitor.observe(batch)
         bw = self.backward
         assert bw is not None and self.buffer is not None, "CoServer.start() must run before the host schedules"
         paused = bw.busy or self._recovering is not None
@@ -460,8 +462,11 @@ class CoServer:
         self._last_log = now
         d = self.stats.as_dict()
         mape = ", ".join(f"{m} {v * 100:.1f}%" for m, v in d["estimator_mape"].items() if v is not None) or "n/a"
-        log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), "
+        slo = self.slo_monitor.attainment()
+        seen = (f"SLO attainment {slo['slo'] * 100:.1f}% of {slo['requests']} requests" if slo["slo"] is not None
+                else "no client request yet")
+        log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), %s, "
                  "estimator error %s, %s", d["optimizer_steps"],
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
-                 d["admitted_samples"], d["aborted_samples"], mape, self.pool.progress())
+                 d["admitted_samples"], d["aborted_samples"], seen, mape, self.pool.progress())
 

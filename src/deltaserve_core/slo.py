@@ -51,6 +51,7 @@ __all__ = [
     "avg_tpot_slack",
     "deferred_decode_cost",
     "step_budget",
+    "SLOMonitor",
 ]
 
 _INF = math.inf
@@ -306,3 +307,62 @@ def step_budget(
         binding = "none"
     return StepBudget(delta, ttft, tpot, avg_slack, ft_only, binding, rid, deferred_cost,
                       p, lin, sq, len(scheduled) - p, kv)
+
+
+class SLOMonitor:
+    """Client SLO attainment as the scheduler sees it, for progress logs where no client-side timing exists
+    (``vllm serve``, SGLang's server): every request's TTFT (first token − arrival) and *mean* TPOT from the
+    per-request times in the :class:`~deltaserve_core.types.ProposedBatch` views the host offers each step.
+
+    :meth:`observe` is cheap enough for the scheduling path only because it samples: it reads a batch at most
+    every ``every_s`` seconds. TTFT and mean TPOT are exact under sampling (they need the first and the latest
+    token time, not every token); the worst single gap between two tokens is not visible this way, so the TPOT
+    figure is the mean-TPOT check, against ``tpot_s``. A request that starts and finishes between two samples is
+    not counted, so the figure leans towards longer requests. Memory is bounded: the oldest of more than
+    ``capacity`` tracked requests are folded into the totals.
+    """
+
+    def __init__(self, slo: SLOConfig, *, every_s: float = 0.1, capacity: int = 8192) -> None:
+        self.slo = slo
+        self.every_s = every_s
+        self.capacity = capacity
+        self._next = 0.0
+        # request id -> (TTFT met, mean TPOT met or None before a second token)
+        self._live: dict[str, tuple[bool, bool | None]] = {}
+        self._folded = [0, 0, 0, 0, 0]  # with a first token, TTFT met, with a TPOT figure, TPOT met, both met
+
+    def observe(self, batch: ProposedBatch) -> None:
+        if batch.now < self._next:
+            return
+        self._next = batch.now + self.every_s
+        for views in (batch.scheduled, batch.waiting):
+            for r in views:
+                if r.first_token_time is None:
+                    continue
+                ttft_s, tpot_s, _ = self.slo.for_request(r.slo)
+                ttft_ok = r.first_token_time - r.arrival_time <= ttft_s
+                tpot_ok = None
+                if r.output_tokens > 1 and r.last_token_time is not None:
+                    tpot_ok = (r.last_token_time - r.first_token_time) / (r.output_tokens - 1) <= tpot_s
+                self._live[r.request_id] = (ttft_ok, tpot_ok)
+        while len(self._live) > self.capacity:
+            _fold(self._folded, *self._live.pop(next(iter(self._live))))
+
+    def attainment(self) -> dict[str, float | int | None]:
+        """``requests`` seen with a first token; ``ttft``, ``tpot`` (mean) and ``slo`` (both) attainment as
+        fractions, None before any request (or, for ``tpot``, before any request's second token)."""
+        totals = list(self._folded)
+        for ttft_ok, tpot_ok in self._live.values():
+            _fold(totals, ttft_ok, tpot_ok)
+        n = totals[0]
+        return {"requests": n, "ttft": totals[1] / n if n else None,
+                "tpot": totals[3] / totals[2] if totals[2] else None, "slo": totals[4] / n if n else None}
+
+
+def _fold(totals: list[int], ttft_ok: bool, tpot_ok: bool | None) -> None:
+    totals[0] += 1
+    totals[1] += ttft_ok
+    if tpot_ok is not None:
+        totals[2] += 1
+        totals[3] += tpot_ok
+    totals[4] += ttft_ok and tpot_ok is not False

@@ -6,22 +6,31 @@ the key through ``VllmConfig.additional_config`` (the config field vLLM reserves
 the channel up by that key. This works when all three live in one process, which is the case for the
 in-process engine with the ``uni`` executor that the driver path uses (the scheduler, the worker and the
 caller share the EngineCore process). Keys keep several engines in one process apart.
+
+Under ``vllm serve`` (see :mod:`.plugin`) nobody opens the channel in advance: the EngineCore runs in a process
+of its own, and the key is :data:`SERVE_KEY`. The first of the executor and the scheduler to ask for it creates
+it there, and the scheduler's :meth:`Channel.scheduler_ready` starts the engine-side runtime
+(:mod:`.serving`), which plays the host's part.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
 from deltaserve_core.types import ExecutionMode, FineTuneSample, StepRecord
 
-__all__ = ["CONFIG_KEY", "Channel", "StepPlan", "StepTiming", "close_channel", "get_channel", "open_channel"]
+__all__ = ["CONFIG_KEY", "SERVE_KEY", "Channel", "StepPlan", "StepTiming", "close_channel", "get_channel",
+           "open_channel"]
 
 #: key of ``VllmConfig.additional_config`` that carries the channel key.
 CONFIG_KEY = "deltaserve_channel"
+#: the channel key of an engine started by ``vllm serve`` with DeltaServe enabled (one engine per process).
+SERVE_KEY = "serve"
 
 
 @dataclass
@@ -73,6 +82,22 @@ class Channel:
     scheduler_attached: bool = False
     #: the CUDA graphs vLLM captured (set by the host after attach; None or empty: every step is eager).
     graph_sizes: Any = None
+    #: serve mode: the engine's executor (set by serving.DeltaServeExecutor) and what runs once the scheduler
+    #: exists (the engine-side runtime's start), and the runtime's wish for a fine-tuning-only step.
+    executor: Any = None
+    on_scheduler_ready: Callable[[Any], None] | None = None
+    idle_source: Callable[[], bool] | None = None
+
+    def wants_idle_step(self) -> bool:
+        """Whether the scheduler should run a step although vLLM has no request (a fine-tuning-only step)."""
+        return self.idle_requested or (self.idle_source is not None and self.idle_source())
+
+    def scheduler_ready(self, scheduler: Any) -> None:
+        """Called by the scheduler at the end of its construction: in serve mode the engine is complete then
+        (executor, KV cache, CUDA graphs, scheduler), so the engine-side runtime can start."""
+        self.scheduler_attached = True
+        if self.on_scheduler_ready is not None:
+            self.on_scheduler_ready(scheduler)
 
 
 _CHANNELS: dict[str, Channel] = {}
@@ -88,6 +113,8 @@ def open_channel() -> Channel:
 
 def get_channel(key: str | None) -> Channel:
     with _LOCK:
+        if key == SERVE_KEY and key not in _CHANNELS:
+            _CHANNELS[key] = Channel(key)  # vllm serve: created in the EngineCore process by its first user
         channel = _CHANNELS.get(key) if key else None
     if channel is None:
         raise RuntimeError(

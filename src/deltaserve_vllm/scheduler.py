@@ -1,4 +1,4 @@
-"""``scheduler_cls`` for vLLM's synchronous scheduler: offer each step to the core, inject its samples.
+"""``scheduler_cls`` for vLLM: offer each step to the core, inject its samples (sync and async schedulers).
 
 How a step is formed (the crux, see docs/vllm-adapter.md §"Injection"):
 
@@ -16,16 +16,30 @@ How a step is formed (the crux, see docs/vllm-adapter.md §"Injection"):
 Appending to the proposed output (rather than re-running ``schedule()`` a second time on a queue of only the
 fine-tuning requests) keeps vLLM's own pass untouched and runs it once per step, so its side effects
 (step counters, prefix-cache stats, connector metadata, finished-id hand-off) happen exactly once.
-"""
 
+Async scheduling (:class:`AsyncDeltaServeScheduler`, vLLM's ``AsyncScheduler``): the engine schedules step N+1
+before it processes step N's output, so an injected row is still unretired while the next step is formed. Two
+rules make that safe, and both schedulers share them (:class:`DeltaServeSchedulerMixin`):
+
+- an injected row is registered in ``requests`` but never enters ``running`` (nor ``waiting``): vLLM's
+  ``schedule()`` only walks those queues, so the row can be neither scheduled again (a decode with output
+  placeholders) nor preempted and re-queued; its KV blocks stay allocated until ``update_from_output`` of its own
+  step finishes it, which also puts its id in ``finished_req_ids`` for the worker. It gets no output placeholder:
+  ``AsyncScheduler._update_after_schedule`` runs inside ``super().schedule()``, before the row exists.
+- the interceptor is consulted only when no earlier step carrying fine-tuning rows is still unreported. The core
+  decides from the records of earlier steps (a record can start a backward and a new adapter); asking it again
+  before it has seen them would let it admit rows forwarded with weights it is about to replace. With the
+  synchronous scheduler the condition always holds.
+"""
 from __future__ import annotations
 
 import inspect
 import itertools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -41,8 +55,10 @@ from deltaserve_core.types import (
 
 from .channel import CONFIG_KEY, StepPlan, get_channel
 from .graphs import predict_mode
+from .worker import DeferredStepTiming
 
-__all__ = ["EXTRA_ARGS_KEY", "FINETUNE_REQUEST_PREFIX", "DeltaServeScheduler"]
+__all__ = ["EXTRA_ARGS_KEY", "FINETUNE_REQUEST_PREFIX", "AsyncDeltaServeScheduler", "DeltaServeScheduler",
+           "DeltaServeSchedulerMixin", "scheduler_cls_name"]
 
 #: vLLM request ids of injected fine-tuning rows start with this (never a client id: clients go through
 #: LLMEngine.add_request, which appends a random suffix to whatever id they pass, and the driver refuses it).
@@ -52,9 +68,25 @@ _FROM_REQUEST_TAKES_MROPE = "uses_mrope" in inspect.signature(NewRequestData.fro
 #: (extra_args is a public field that travels with the request into the EngineCore process).
 EXTRA_ARGS_KEY = "deltaserve"
 
+if TYPE_CHECKING:
+    _SchedulerBase = Scheduler
+else:
+    _SchedulerBase = object
 
-class DeltaServeScheduler(Scheduler):
-    """vLLM's :class:`Scheduler` plus the DeltaServe step interception. See the module docstring."""
+
+def scheduler_cls_name(async_scheduling: bool) -> str:
+    """The ``scheduler_cls`` qualname matching vLLM's ``async_scheduling`` (as vLLM pairs its own schedulers)."""
+    cls = AsyncDeltaServeScheduler if async_scheduling else DeltaServeScheduler
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class DeltaServeSchedulerMixin(_SchedulerBase):
+    """The DeltaServe step interception over either vLLM scheduler. See the module docstring.
+
+    Put before the vLLM class in the bases; ``_ds_async`` says which engine loop the class is meant for.
+    """
+
+    _ds_async: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,15 +100,20 @@ class DeltaServeScheduler(Scheduler):
         self._ds_params = SamplingParams(max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True,
                                          detokenize=False)
         self._ds_block_hasher = self._make_block_hasher(kwargs.get("hash_block_size") or self.hash_block_size)
+        # Injected rows not yet retired (vLLM request id -> request): outside running/waiting, see the docstring.
+        self._ds_in_flight: dict[str, Request] = {}
         if self.use_v2_model_runner:
             raise RuntimeError("deltaserve_vllm supports vLLM's V1 model runner only (set VLLM_USE_V2_MODEL_RUNNER=0)")
         if self.connector is not None or self.num_spec_tokens:
             raise RuntimeError("deltaserve_vllm does not support KV connectors or speculative decoding yet")
         if self.lora_config is None:
             raise RuntimeError("deltaserve_vllm needs enable_lora=True: fine-tuning rows run on a reserved LoRA")
-        if getattr(self.scheduler_config, "async_scheduling", False):
-            raise RuntimeError("deltaserve_vllm has a synchronous scheduler only: start vLLM with "
-                               "async_scheduling=False (VllmHost does)")
+        if getattr(self.scheduler_config, "async_scheduling", False) and not self._ds_async:
+            # Under async scheduling a plain Scheduler re-schedules nothing still in flight, so vLLM would run,
+            # but without overlap (vLLM warns); the matching subclass is the async one.
+            raise RuntimeError(f"vLLM runs with async_scheduling=True: use scheduler_cls="
+                               f"{scheduler_cls_name(True)!r} (VllmHost picks it itself)")
+        self._ds.scheduler_ready(self)
 
     def _make_block_hasher(self, hash_block_size: int):
         # Internal requests must carry the engine's block hasher when prefix caching is on (vLLM caches their
@@ -94,7 +131,7 @@ class DeltaServeScheduler(Scheduler):
     def has_requests(self) -> bool:
         # EngineCore.step() returns without scheduling when vLLM has no request; run_idle_step needs one
         # schedule() so the core can issue a fine-tuning-only step.
-        return super().has_requests() or self._ds.idle_requested
+        return super().has_requests() or self._ds.wants_idle_step()
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         out = super().schedule(*args, **kwargs)
@@ -108,7 +145,7 @@ class DeltaServeScheduler(Scheduler):
             # Calibration: the interceptor is not consulted; only the profiled step itself is reported.
             synthetic = reported = ch.profile_samples is not None
             samples, ch.profile_samples = ch.profile_samples or (), None
-        elif ch.interceptor is not None:
+        elif ch.interceptor is not None and not self._ds_in_flight:
             samples = tuple(ch.interceptor.on_schedule(batch))
         placed, refused = self._inject(step_id, out, samples)
         ch.last_step_executed = out.total_num_scheduled_tokens > 0
@@ -128,6 +165,8 @@ class DeltaServeScheduler(Scheduler):
             # knows, so they produce no token and no client output, and their KV blocks are freed now.
             status = RequestStatus.FINISHED_ABORTED if aborted else RequestStatus.FINISHED_LENGTH_CAPPED
             self.finish_requests(list(plan.samples), status)
+            for rid in plan.samples:
+                self._ds_in_flight.pop(rid, None)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         self._track_token_times(scheduler_output)
         if plan is not None:
@@ -185,8 +224,10 @@ class DeltaServeScheduler(Scheduler):
         loras = {self.requests[r].lora_request.lora_int_id for r in out.num_scheduled_tokens
                  if r in self.requests and self.requests[r].lora_request is not None}
         loras.add(lora.lora_int_id)  # type: ignore[attr-defined]
+        # Rows still in flight hold no slot of this step (the runner drops unscheduled requests from its batch),
+        # but count them anyway: the bound stays the one the synchronous path has always had.
         if (tokens > self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
-                or len(self.running) + len(samples) > self.max_num_running_reqs
+                or len(self.running) + len(self._ds_in_flight) + len(samples) > self.max_num_running_reqs
                 or len(loras) > self.lora_config.max_loras):
             return {}, samples
         requests: list[tuple[Request, FineTuneSample, Any]] = []
@@ -206,8 +247,10 @@ class DeltaServeScheduler(Scheduler):
         for request, s, blocks in requests:
             rid = request.request_id
             self.requests[rid] = request
+            # RUNNING so finish_requests treats it as a running request (remove_all tolerates its absence from
+            # self.running); kept out of self.running so no later schedule() can pick or preempt it.
             request.status = RequestStatus.RUNNING
-            self.running.append(request)
+            self._ds_in_flight[rid] = request
             # Built before advancing num_computed_tokens: the worker reads it as "computed before this step".
             out.scheduled_new_reqs.append(self._new_request_data(request, blocks.get_block_ids()))
             out.num_scheduled_tokens[rid] = s.num_tokens
@@ -248,6 +291,8 @@ class DeltaServeScheduler(Scheduler):
         if not plan.reported or (out.total_num_scheduled_tokens == 0 and not plan.refused):
             return  # a profile warm-up step, or nothing ran
         aborted = timing is not None and timing.aborted
+        if isinstance(timing, DeferredStepTiming):
+            timing = timing.resolve()
         ids = tuple(s.sample_id for s in plan.samples.values())
         record = StepRecord(
             step_id=plan.step_id,
@@ -262,3 +307,20 @@ class DeltaServeScheduler(Scheduler):
             ch.profile_record = record
         if ch.step_sink is not None:
             ch.step_sink(record)
+
+
+class DeltaServeScheduler(DeltaServeSchedulerMixin, Scheduler):
+    """vLLM's synchronous :class:`Scheduler` plus the DeltaServe step interception."""
+
+    _ds_async = False
+
+
+class AsyncDeltaServeScheduler(DeltaServeSchedulerMixin, AsyncScheduler):
+    """vLLM's :class:`AsyncScheduler` (``async_scheduling=True``) plus the DeltaServe step interception.
+
+    Nothing async-specific is overridden: output placeholders are added inside ``super().schedule()`` to the
+    requests vLLM scheduled, before any row is injected, and injected rows are retired before
+    ``_update_request_with_output`` could see them (see the module docstring).
+    """
+
+    _ds_async = True

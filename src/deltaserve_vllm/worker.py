@@ -13,6 +13,15 @@ vLLM mixes this class into its worker class (as an extra base) and exposes its m
 - wraps the model runner's ``execute_model`` and ``sample_tokens`` on the instance (no class is edited) to
   time the step from the start of the forward to the sampled tokens, and reads the step's CUDA-graph mode
   from vLLM's forward context at layer 0 (a step whose layer hooks never fired was a graph replay).
+
+Two steps in flight (async scheduling): plans and timings are keyed by ``id(SchedulerOutput)``, and the engine
+keeps each step's SchedulerOutput alive in its batch queue until it processes that step's output, so two steps in
+flight never share a key. ``execute_model`` and ``sample_tokens`` of one step are adjacent calls on the worker
+(the runner itself carries a single ``execute_model_state`` from one to the other), so one "current step" slot
+suffices. On CUDA with async scheduling the step is timed with CUDA events instead of
+``torch.cuda.synchronize()``: synchronizing would make the host wait for step N before scheduling step N+1,
+which is the overlap async scheduling exists for; the events are read when the scheduler processes the step's
+output (:class:`DeferredStepTiming`).
 """
 
 from __future__ import annotations
@@ -28,11 +37,45 @@ from deltaserve_core.types import ExecutionMode
 
 from .channel import Channel, StepPlan, StepTiming, get_channel
 
-__all__ = ["DeltaServeWorkerExtension"]
+__all__ = ["DeferredStepTiming", "DeltaServeWorkerExtension"]
 
 
 class _AbortForward(Exception):
     """Raised from a layer pre-hook to stop a fine-tuning-only forward at a layer boundary."""
+
+
+class DeferredStepTiming(StepTiming):
+    """A step timed with CUDA events, read once its output has been awaited (async scheduling on CUDA).
+
+    ``start`` and ``duration`` are NaN until :meth:`resolve`; ``mode`` and ``aborted`` are known when the step
+    leaves the worker. The device clock is mapped to this process's monotonic clock through one event recorded
+    at a synchronized point (:class:`_DeviceClock`).
+    """
+
+    def __init__(self, clock: _DeviceClock, start: Any, end: Any, mode: ExecutionMode, aborted: bool) -> None:
+        super().__init__(float("nan"), float("nan"), mode, aborted)
+        self._clock, self._start, self._end = clock, start, end
+
+    def resolve(self) -> StepTiming:
+        # The engine has awaited this step's sampled tokens, so the end event is complete or about to be: this
+        # waits for at most the tail of the step, never for a later one.
+        self._end.synchronize()
+        return StepTiming(self._clock.monotonic(self._start), self._start.elapsed_time(self._end) / 1e3, self.mode,
+                          self.aborted)
+
+
+class _DeviceClock:
+    """Maps a CUDA event to ``time.monotonic()``: an anchor event recorded at a synchronized point."""
+
+    def __init__(self) -> None:
+        torch.cuda.synchronize()
+        self._anchor = torch.cuda.Event(enable_timing=True)
+        self._anchor.record()
+        self._anchor.synchronize()
+        self._anchor_time = time.monotonic()
+
+    def monotonic(self, event: Any) -> float:
+        return self._anchor_time + self._anchor.elapsed_time(event) / 1e3
 
 
 class _Step:
@@ -45,6 +88,7 @@ class _Step:
         self.mode: ExecutionMode | None = None  # set by the layer-0 hook; None means no hook fired
         self.rows: list[tuple[int, int, int]] | None = None  # (sample id, first row, num rows)
         self.start = 0.0
+        self.start_event: Any = None  # CUDA event when timed without synchronizing
         self.aborted = False
 
 
@@ -54,6 +98,8 @@ class _WorkerState:
         self.runner = runner
         self.num_layers = num_layers
         self.step: _Step | None = None
+        overlapped = bool(getattr(runner, "use_async_scheduling", False))
+        self.clock = _DeviceClock() if overlapped and _cuda_ready() else None
 
     # -- rows -----------------------------------------------------------------------------------------
 
@@ -109,7 +155,11 @@ class _WorkerState:
         sink = self.channel.activation_sink if plan is not None and plan.samples and not plan.synthetic else None
         if sink is not None:
             sink.begin_step(plan.step_id, list(plan.samples.values()))  # type: ignore[union-attr]
-        _synchronize()
+        if self.clock is not None:
+            step.start_event = torch.cuda.Event(enable_timing=True)
+            step.start_event.record()
+        else:
+            _synchronize()
         step.start = time.monotonic()
         try:
             result = original(scheduler_output, *args, **kwargs)
@@ -131,9 +181,15 @@ class _WorkerState:
         return result
 
     def _finish(self, step: _Step) -> None:
-        _synchronize()
         mode = step.mode if step.mode is not None else ExecutionMode.GRAPH
-        self.channel.timings[step.key] = StepTiming(step.start, time.monotonic() - step.start, mode, step.aborted)
+        if self.clock is not None and step.start_event is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.channel.timings[step.key] = DeferredStepTiming(self.clock, step.start_event, end, mode, step.aborted)
+        else:
+            _synchronize()
+            self.channel.timings[step.key] = StepTiming(step.start, time.monotonic() - step.start, mode,
+                                                        step.aborted)
         self.step = None
 
 
@@ -147,9 +203,13 @@ def _forward_mode() -> ExecutionMode:
     return ExecutionMode.EAGER if mode == CUDAGraphMode.NONE else ExecutionMode.GRAPH
 
 
+def _cuda_ready() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def _synchronize() -> None:
     # Device-complete times: the forward is asynchronous on CUDA.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if _cuda_ready():
         torch.cuda.synchronize()
 
 

@@ -1,0 +1,183 @@
+"""vLLM general plugin: ``vllm serve`` with DeltaServe enabled by one switch.
+
+Operators start vLLM's own server and name a fine-tuning job::
+
+    vllm serve MODEL --enable-lora --additional-config '{"deltaserve": {"job": "job.yaml"}}'
+
+vLLM loads the ``vllm.general_plugins`` entry point ``deltaserve`` in every process it starts and calls
+:func:`register`. Registration is cheap and idempotent (vLLM may call it several times per process) and changes
+nothing unless an engine is configured with the ``deltaserve`` key: then, in the process that builds the engine
+config (the API server), :func:`configure_engine_args` fills in what co-serving needs --
+
+- ``scheduler_cls`` / ``worker_extension_cls``: DeltaServe's scheduler and worker extension;
+- ``distributed_executor_backend``: :class:`~deltaserve_vllm.serving.DeltaServeExecutor`, vLLM's one-process
+  executor, so the scheduler, the worker and the runtime share the EngineCore process;
+- ``enable_lora`` on and one more LoRA slot (``max_loras``) for the reserved fine-tuning adapter;
+- the DeltaServe scheduler matching vLLM's own choice of engine loop (async scheduling is vLLM's default on
+  CUDA; the CPU platform turns it off) and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) and
+  no torch.compile, as :class:`~deltaserve_vllm.host.VllmHost` does;
+- a LoRA resolver so clients can request each published adapter version by name (``<adapter>@v<step>``); vLLM
+  consults resolvers only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` on, which this turns on unless the job never
+  publishes (note: that also enables vLLM's ``/v1/load_lora_adapter`` endpoints).
+
+Optional settings next to ``job``: ``log_every_s`` (default 10), the interval of the fine-tuning progress line.
+
+Everything is checked before the engine starts: the job config is parsed (a bad one is refused with the field
+and the fix), the vLLM version must be a supported one, and settings DeltaServe cannot run with (a different
+``scheduler_cls``, tensor or pipeline parallelism, a LoRA rank below the job's) are refused with the reason.
+The patch this applies is listed in docs/vllm-adapter.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PublishedAdapterResolver", "configure_engine_args", "register"]
+
+log = logging.getLogger("deltaserve.vllm")
+
+_SCHEDULER = "deltaserve_vllm.scheduler.DeltaServeScheduler"
+_ASYNC_SCHEDULER = "deltaserve_vllm.scheduler.AsyncDeltaServeScheduler"
+_WORKER_EXTENSION = "deltaserve_vllm.worker.DeltaServeWorkerExtension"
+_EXECUTOR = "deltaserve_vllm.serving.DeltaServeExecutor"
+_MARK = "__deltaserve_wrapped__"
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: wrap ``EngineArgs.create_engine_config`` once per process."""
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError:  # pragma: no cover - vLLM calls this, so it is importable
+        return
+    original = EngineArgs.create_engine_config
+    if getattr(original, _MARK, False):
+        return
+
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        enabled = configure_engine_args(self)
+        config = original(self, *args, **kwargs)
+        if enabled:
+            _match_scheduler_to_loop(config)
+        return config
+
+    setattr(create_engine_config, _MARK, True)
+    create_engine_config.__wrapped__ = original  # type: ignore[attr-defined]
+    create_engine_config.__doc__ = original.__doc__
+    EngineArgs.create_engine_config = create_engine_config  # type: ignore[method-assign]
+
+
+def configure_engine_args(args: Any) -> bool:
+    """Fill in DeltaServe's engine settings when ``args.additional_config`` has the ``deltaserve`` key.
+
+    Returns whether DeltaServe is enabled. Raises ``ValueError`` (a setting DeltaServe cannot run with, a bad job
+    config) or ``RuntimeError`` (an unsupported vLLM) before the engine starts."""
+    from .channel import CONFIG_KEY, SERVE_KEY
+    from .serving import SETTINGS_KEY
+
+    extra = args.additional_config
+    if not isinstance(extra, dict) or SETTINGS_KEY not in extra:
+        return False
+    settings = extra[SETTINGS_KEY]
+    if not isinstance(settings, dict) or not isinstance(settings.get("job"), str):
+        raise ValueError('--additional-config "deltaserve" must be an object naming the fine-tuning job config, '
+                         'e.g. \'{"deltaserve": {"job": "job.yaml"}}\'')
+    if extra.get(CONFIG_KEY) not in (None, SERVE_KEY):
+        return True  # an in-process VllmHost configured this engine itself
+    from deltaserve_core.job_config import load_job_config
+
+    from .serving import route_logs_to_vllm
+    from .versions import check_supported_vllm
+
+    route_logs_to_vllm()
+    check_supported_vllm()
+    job_path = str(Path(settings["job"]).expanduser().resolve())
+    job = load_job_config(job_path)  # refuses a bad config, naming the field and the fix
+    settings["job"] = job_path  # the EngineCore may run in another working directory
+    for name, allowed in (("scheduler_cls", (_SCHEDULER, _ASYNC_SCHEDULER)),
+                          ("worker_extension_cls", (_WORKER_EXTENSION,))):
+        current = getattr(args, name)
+        if current not in (None, "", *allowed):
+            raise ValueError(f"DeltaServe needs {name}={allowed[0]}, but the engine was given {current!r}; "
+                             f"drop --{name.replace('_', '-')} (DeltaServe sets it)")
+    args.worker_extension_cls = _WORKER_EXTENSION
+    from vllm.platforms import current_platform
+
+    # vLLM settles async scheduling while it builds the config; this guess is corrected after it has.
+    guess = args.async_scheduling if args.async_scheduling is not None else not current_platform.is_cpu()
+    args.scheduler_cls = _ASYNC_SCHEDULER if guess else _SCHEDULER
+    if args.tensor_parallel_size != 1 or args.pipeline_parallel_size != 1:
+        raise ValueError("DeltaServe on vLLM supports one worker per engine (tensor and pipeline parallel size 1); "
+                         "run one engine per GPU (data parallel replicas) instead")
+    backend = args.distributed_executor_backend
+    if backend not in (None, "uni", _EXECUTOR):
+        raise ValueError(f"DeltaServe runs vLLM's one-process executor; drop --distributed-executor-backend "
+                         f"{backend!r}")
+    args.distributed_executor_backend = _EXECUTOR
+    if not args.enable_lora:
+        log.info("DeltaServe: enabling LoRA (fine-tuning rows run on a reserved LoRA adapter)")
+        args.enable_lora = True
+    args.max_loras = int(args.max_loras) + 1
+    log.info("DeltaServe: max_loras raised to %d (one slot is pinned to the fine-tuning adapter)", args.max_loras)
+    if job.lora.r > int(args.max_lora_rank):
+        raise ValueError(f"the job's LoRA rank {job.lora.r} exceeds --max-lora-rank {args.max_lora_rank}; start "
+                         f"vLLM with --max-lora-rank {job.lora.r} (or more)")
+    if not current_platform.is_cpu():
+        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
+            raise ValueError("DeltaServe needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0")
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        # The capture hooks are module pre-hooks: torch.compile would trace through them.
+        compilation = args.compilation_config
+        if isinstance(compilation, dict):
+            compilation["mode"] = 0
+        else:
+            compilation.mode = 0
+    extra[CONFIG_KEY] = SERVE_KEY
+    if job.publish.policy != "never":
+        from .serving import published_dir
+
+        _register_resolver(published_dir(job), job.adapter_name)
+    log.info("DeltaServe enabled: job %s (adapter %s)", job_path, job.adapter_name)
+    return True
+
+
+def _match_scheduler_to_loop(config: Any) -> None:
+    """Pair the scheduler class with the engine loop vLLM settled on (as vLLM pairs its own two schedulers)."""
+    scheduler = config.scheduler_config
+    scheduler.scheduler_cls = _ASYNC_SCHEDULER if scheduler.async_scheduling else _SCHEDULER
+
+
+def _register_resolver(root: Path, adapter_name: str) -> None:
+    from vllm.lora.resolver import LoRAResolverRegistry
+
+    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    LoRAResolverRegistry.register_resolver("DeltaServe published adapters",
+                                           PublishedAdapterResolver(root, adapter_name))
+
+
+def _resolver_base() -> type:
+    from vllm.lora.resolver import LoRAResolver
+
+    return LoRAResolver
+
+
+class PublishedAdapterResolver(_resolver_base()):  # type: ignore[misc]
+    """Resolves a client's ``model`` of the form ``<adapter>@v<step>`` to the published folder of that version."""
+
+    def __init__(self, root: Path, adapter_name: str) -> None:
+        self.root = Path(root)
+        self._pattern = re.compile(re.escape(adapter_name) + r"@v\d+")
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        if not self._pattern.fullmatch(lora_name):
+            return None
+        path = self.root / lora_name
+        if not (path / "adapter_config.json").is_file():
+            return None
+        # The API server replaces the id with its own counter's next value.
+        return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=str(path))

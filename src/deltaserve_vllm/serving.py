@@ -1,0 +1,230 @@
+"""The engine side of ``vllm serve`` with DeltaServe: the executor, the host hooks and the co-serving runtime.
+
+Under ``vllm serve`` the scheduler and the worker live in the EngineCore process, which vLLM spawns; no
+DeltaServe code calls into it from outside. :mod:`.plugin` configures the engine so that it builds, in that
+process:
+
+1. :class:`DeltaServeExecutor` (vLLM's one-process executor) -- it registers itself in the serve channel, because
+   only the executor can reach the worker (``collective_rpc``) and load LoRA weights (``add_lora``);
+2. the worker with :class:`~deltaserve_vllm.worker.DeltaServeWorkerExtension`;
+3. the :class:`~deltaserve_vllm.scheduler.DeltaServeScheduler`, whose construction completes the engine and
+   calls :func:`start_runtime` (through :meth:`Channel.scheduler_ready <deltaserve_vllm.channel.Channel.scheduler_ready>`).
+
+:class:`ServeRuntime` then attaches the worker hooks, builds :class:`EngineHost` -- the :class:`HostHooks` of this
+engine -- and starts the core's :class:`~deltaserve_core.coserve.CoServer` on it with the job config named on the
+command line. From then on the engine's own loop drives everything: the scheduler offers each step to the core,
+the worker captures and times, and fine-tuning-only steps run when vLLM has no request (``has_requests`` asks
+:meth:`ServeRuntime.wants_idle_step`).
+
+The latency model is the stored calibration profile of this host (``deltaserve calibrate --host vllm``, same model
+path, dtype and device): calibration drives the engine step by step, which the serving loop cannot lend it, so a
+missing profile stops start-up with the command that makes one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.job_config import JobConfig
+from deltaserve_core.types import ProfileShape, StepRecord
+
+from .channel import SERVE_KEY, Channel, get_channel
+from .channel_hooks import ChannelHooks
+from .graphs import GraphSizes
+from .versions import check_supported_vllm
+
+__all__ = [
+    "SERVE_FINETUNE_LORA_ID",
+    "SETTINGS_KEY",
+    "DeltaServeExecutor",
+    "EngineHost",
+    "ServeRuntime",
+    "published_dir",
+    "start_runtime",
+]
+
+log = logging.getLogger("deltaserve.vllm")
+
+#: key of ``--additional-config`` that enables DeltaServe: ``{"deltaserve": {"job": "job.yaml"}}``.
+SETTINGS_KEY = "deltaserve"
+#: LoRA id of the reserved adapter under ``vllm serve``. The API server numbers the adapters it loads from 1 up,
+#: so the reserved adapter takes an id it never reaches (vLLM ids are positive int32).
+SERVE_FINETUNE_LORA_ID = 2**31 - 2
+#: how long an idle engine waits before retrying a fine-tuning-only step that admitted nothing (backward
+#: running, pool exhausted for now). It bounds the delay a newly arrived request can see from DeltaServe.
+_IDLE_RETRY_S = 0.002
+
+
+def published_dir(job: JobConfig) -> Path:
+    """Where published adapter versions are written (``<name>@v<step>`` folders); the API server's resolver
+    (see :mod:`.plugin`) serves a version to clients by that folder name."""
+    return Path(job.checkpoint.dir) / "published"
+
+
+def _executor_base() -> type:
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor
+
+
+class DeltaServeExecutor(_executor_base()):  # type: ignore[misc]
+    """vLLM's one-process executor, registered in the serve channel so the runtime can reach the worker."""
+
+    def _init_executor(self) -> None:
+        super()._init_executor()
+        channel = get_channel(SERVE_KEY)
+        channel.executor = self
+        channel.on_scheduler_ready = lambda scheduler: start_runtime(channel, self.vllm_config)
+
+    def shutdown(self) -> None:
+        runtime = _RUNTIME.get("runtime")
+        if runtime is not None:
+            runtime.stop()
+        super().shutdown()
+
+
+class EngineHost(ChannelHooks):
+    """:class:`~deltaserve_core.hooks.HostHooks` of the engine this process runs, for the core's CoServer.
+
+    The hook members are the channel's (:class:`~deltaserve_vllm.channel_hooks.ChannelHooks`); adapter weights go
+    through the executor. Publishing writes a folder the API server's resolver serves; calibration is not
+    available here (see the module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, channel: Channel, vllm_config: Any, publish_root: Path, work_dir: Path) -> None:
+        dist, version = check_supported_vllm()
+        from vllm.platforms import current_platform
+
+        model_config = vllm_config.model_config
+        self._publish_root = publish_root
+        self._init_hooks(channel, lora_owner=channel.executor, finetune_lora_id=SERVE_FINETUNE_LORA_ID,
+                         finetune_dir=work_dir, hf_config=model_config.hf_config, model_path=str(model_config.model),
+                         dtype=str(model_config.dtype).removeprefix("torch."),
+                         device="cpu" if current_platform.is_cpu() else str(current_platform.device_type),
+                         max_lora_rank=vllm_config.lora_config.max_lora_rank,
+                         max_batch_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+                         engine=dist, engine_version=version)
+
+    def publish_adapter(self, state: LoraAdapterState) -> str:
+        # A new folder per version: the API server's resolver maps a client's model name to a folder once and
+        # caches it, and vLLM's prefix cache keys on the adapter, so a version is never overwritten in place.
+        self._check_rank(state)
+        name = f"{state.name}@v{state.version}"
+        state.save_pretrained(self._publish_root / name)
+        log.info("published adapter %s: request it as model %r", name, name)
+        return name
+
+    def run_profile_step(self, shape: ProfileShape) -> StepRecord:
+        raise RuntimeError("calibration cannot run inside `vllm serve` (the serving loop owns the engine's steps); "
+                           f"run `deltaserve calibrate --host vllm --model {self._model_path} --dtype {self._dtype}` "
+                           "before starting the server: it stores the profile this server loads")
+
+
+class ServeRuntime:
+    """The CoServer of one ``vllm serve`` engine, and what the engine loop asks of it."""
+
+    def __init__(self, channel: Channel, vllm_config: Any) -> None:
+        from deltaserve_core.calibration import ProfileKey, ProfileStore
+        from deltaserve_core.coserve import CoServer
+        from deltaserve_core.job_config import load_job_config
+
+        route_logs_to_vllm()
+        settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
+        self.job = load_job_config(settings["job"])
+        self.channel = channel
+        executor = channel.executor
+        if executor is None:
+            raise RuntimeError("DeltaServe's executor did not start: the engine was configured without the "
+                               "deltaserve_vllm plugin (start it through `vllm serve ... --additional-config "
+                               "'{\"deltaserve\": {\"job\": \"job.yaml\"}}'`)")
+        executor.collective_rpc("deltaserve_attach", args=(SERVE_KEY,))
+        if not channel.worker_attached:
+            raise RuntimeError("the DeltaServe worker extension did not attach in the EngineCore process")
+        sizes = executor.collective_rpc("deltaserve_graph_sizes")[0]
+        channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
+        publish_root = published_dir(self.job)
+        publish_root.mkdir(parents=True, exist_ok=True)
+        self._work = Path(self.job.checkpoint.dir) / ".serve-finetune-adapter"
+        self.host = EngineHost(channel, vllm_config, publish_root, self._work)
+        store = ProfileStore()
+        key = ProfileKey.for_host(self.host)
+        profile = store.load(key)
+        if profile is None:
+            raise RuntimeError(
+                f"no latency-model calibration for {key.host} {key.engine_version} / {key.model} on {key.device} "
+                f"({key.dtype}) in {store.root}: run `deltaserve calibrate --host vllm --model {key.model} "
+                f"--dtype {key.dtype}` first (same model path; DELTASERVE_PROFILE_DIR selects the store)")
+        self.coserver = CoServer(self.host, self.job, latency_model=profile.model,
+                                 log_every_s=float(settings.get("log_every_s", 10.0)))
+        self._fruitless_idle = False
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self.coserver.start()
+        self.channel.idle_source = self.wants_idle_step
+        atexit.register(self.stop)
+        log.info("DeltaServe co-serving started in the vLLM engine: job %s, adapter %s, checkpoints in %s",
+                 self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
+
+    def wants_idle_step(self) -> bool:
+        """Asked by the scheduler's ``has_requests`` when vLLM has no request: should the loop step anyway?
+
+        Yes while the job has work. When the previous idle step ran nothing, wait a little first: the loop
+        would otherwise spin on a CPU the backward process may need, and the wait bounds how late a client
+        request arriving meanwhile is noticed."""
+        if self._stopped or self.coserver.finished:
+            return False
+        if self._fruitless_idle:
+            time.sleep(_IDLE_RETRY_S)
+        self._fruitless_idle = not self.channel.last_step_executed
+        return True
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.channel.idle_source = None
+        try:
+            path = self.coserver.final_checkpoint(timeout_s=60.0)
+            if path:
+                log.info("DeltaServe final checkpoint: %s", path)
+        finally:
+            self.coserver.close()
+            shutil.rmtree(self._work, ignore_errors=True)
+
+
+_RUNTIME: dict[str, ServeRuntime] = {}
+
+
+def route_logs_to_vllm() -> None:
+    """Send DeltaServe's log lines (fine-tuning progress, publishing, faults) through vLLM's handlers, so they
+    appear in the server's output with vLLM's process prefix and format; vLLM configures only its own logger."""
+    theirs = logging.getLogger("vllm")
+    for name in ("deltaserve", "deltaserve_core", "deltaserve_vllm"):
+        ours = logging.getLogger(name)
+        if ours.handlers or not theirs.handlers:
+            continue
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
+def start_runtime(channel: Channel, vllm_config: Any) -> ServeRuntime:
+    """Build and start the runtime once per process (the scheduler's construction calls this)."""
+    runtime = _RUNTIME.get("runtime")
+    if runtime is None:
+        runtime = ServeRuntime(channel, vllm_config)
+        runtime.start()
+        _RUNTIME["runtime"] = runtime
+    return runtime
