@@ -474,6 +474,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-decode", type=int, default=32)
     ap.add_argument("--max-kv", type=int, default=16384)
     ap.add_argument("--max-ft", type=int, default=None, help="default: the host's limit, capped by --max-prefill")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="host option (repeatable), e.g. async_scheduling=false for vLLM")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     if args.noise_repeats is None:
@@ -507,8 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     loads: dict[str, Any] = {"start": load_average()}
     info = machine_info(args.device)
 
+    options = dict(kv.split("=", 1) for kv in args.option)
     host = create_host(args.host, HostConfig(model=str(model_path), device=args.device, dtype=args.dtype,
-                                             max_batch_tokens=max(2048, args.max_prefill), seed=args.seed))
+                                             max_batch_tokens=max(2048, args.max_prefill), seed=args.seed,
+                                             options=options))
     try:
         install_calibration_adapter(host)  # fine-tuning rows need a loaded adapter on engines like vLLM
         caps = host.capabilities()

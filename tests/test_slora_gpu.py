@@ -40,14 +40,6 @@ pytestmark = pytest.mark.skipif(_slora_problem() is not None, reason=str(_slora_
 
 
 @pytest.fixture(scope="module")
-def exactness_tolerance() -> float:
-    """S-LoRA computes in fp16: captured layer inputs carry fp16 rounding (~5e-4 relative) that the fp32 PEFT loop
-    does not, and AdamW's 1/sqrt(v) magnifies it on near-zero gradient entries. Measured on the H200 and set in
-    benchmarks/gpu/slora_h200.sh (DELTASERVE_SLORA_EXACTNESS_TOL); see docs/slora-adapter.md."""
-    return float(os.environ.get("DELTASERVE_SLORA_EXACTNESS_TOL", "0.05"))
-
-
-@pytest.fixture(scope="module")
 def host(tiny_model: Path, tiny_adapter: Path):
     from deltaserve_core.driver import HostConfig
     from deltaserve_core.registry import create_host
@@ -130,8 +122,9 @@ def test_outputs_identical_to_stock_slora_and_no_finetune_row_reaches_client(hos
 
 
 @pytest.mark.exactness
-def test_training_through_slora_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path,
-                                                  exactness_tolerance: float) -> None:
+def test_training_through_slora_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path) -> None:
+    """S-LoRA computes in fp16 only, so the trained update is held to fp16's own noise: its distance from fp32
+    PEFT's update must be within 2x plain fp16 PEFT's (test_coserve.assert_within_precision)."""
     details: dict = {}
     worst, moved, steps = train_and_compare(host, dataset, tiny_model, tmp_path, details)
     print(f"exactness through S-LoRA: adapter after {steps} steps differs from plain PEFT by {worst:.4g} (relative "

@@ -283,9 +283,16 @@ def test_profile_step_has_the_requested_shape(host: Any) -> None:
 def test_training_through_the_async_host_equals_plain_peft(host: Any, dataset: Path, tiny_model: Path,  # noqa: F811
                                                            tmp_path: Path) -> None:
     """tests/test_coserve.py's exactness run, through the overlapped engine loop; same tolerance as the sync path
-    on CPU (tests/test_coserve_vllm.py). On CUDA bf16 the number is reported, not held to fp32 (docs)."""
-    worst, moved, steps = train_and_compare(host, dataset, tiny_model, tmp_path)
-    print(f"\nasync exactness {DEVICE}/{DTYPE}: worst relative {worst:.3g}, adapter moved {moved:.3g}, {steps} steps")
+    on CPU (tests/test_coserve_vllm.py). A bf16/fp16 engine is held to its precision's own noise instead
+    (test_coserve.assert_within_precision)."""
+    from test_coserve import assert_within_precision
+
+    details: dict = {}
+    worst, moved, steps = train_and_compare(host, dataset, tiny_model, tmp_path, details)
+    print(f"\nasync exactness {DEVICE}/{DTYPE}: worst relative {worst:.3g}, update error "
+          f"{details['update_error']:.3g}, adapter moved {moved:.3g}, {steps} steps")
     assert moved > 0 and steps >= 3
-    tol = float(os.environ.get("DELTASERVE_EXACTNESS_TOL", "1e-4"))
-    assert worst <= tol, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
+    if DTYPE == "float32":
+        assert worst <= 1e-4, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
+    else:
+        assert_within_precision(details)

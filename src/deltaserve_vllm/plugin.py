@@ -13,9 +13,10 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
 - ``distributed_executor_backend``: :class:`~deltaserve_vllm.serving.DeltaServeExecutor`, vLLM's one-process
   executor, so the scheduler, the worker and the runtime share the EngineCore process;
 - ``enable_lora`` on and one more LoRA slot (``max_loras``) for the reserved fine-tuning adapter;
-- the DeltaServe scheduler matching vLLM's own choice of engine loop (async scheduling is vLLM's default on
-  CUDA; the CPU platform turns it off) and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) and
-  no torch.compile, as :class:`~deltaserve_vllm.host.VllmHost` does;
+- the synchronous scheduler unless ``--async-scheduling`` is given (async is opt-in for now, see
+  :mod:`deltaserve_vllm.host`), with the DeltaServe scheduler class matching the engine loop vLLM settles on,
+  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) and no torch.compile, as
+  :class:`~deltaserve_vllm.host.VllmHost` does;
 - a LoRA resolver so clients can request each published adapter version by name (``<adapter>@v<step>``); vLLM
   consults resolvers only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` on, which this turns on unless the job never
   publishes (note: that also enables vLLM's ``/v1/load_lora_adapter`` endpoints).
@@ -106,9 +107,11 @@ def configure_engine_args(args: Any) -> bool:
     args.worker_extension_cls = _WORKER_EXTENSION
     from vllm.platforms import current_platform
 
-    # vLLM settles async scheduling while it builds the config; this guess is corrected after it has.
-    guess = args.async_scheduling if args.async_scheduling is not None else not current_platform.is_cpu()
-    args.scheduler_cls = _ASYNC_SCHEDULER if guess else _SCHEDULER
+    if args.async_scheduling is None:
+        args.async_scheduling = False  # opt-in (see deltaserve_vllm.host); vLLM would turn it on on CUDA
+    # vLLM settles async scheduling while it builds the config (the CPU platform turns it off); the class is
+    # paired with what it settles on afterwards.
+    args.scheduler_cls = _ASYNC_SCHEDULER if args.async_scheduling else _SCHEDULER
     if args.tensor_parallel_size != 1 or args.pipeline_parallel_size != 1:
         raise ValueError("DeltaServe on vLLM supports one worker per engine (tensor and pipeline parallel size 1); "
                          "run one engine per GPU (data parallel replicas) instead")
