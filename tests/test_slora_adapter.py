@@ -173,7 +173,8 @@ def test_patch_record_matches_the_installer_and_the_doc() -> None:
     doc = (ROOT / "docs" / "slora-adapter.md").read_text()
     in_doc = set(re.findall(r"`(slora\.[\w.]+)`", doc))
     assert {p.name for p in PATCHES} <= in_doc
-    assert all(p.scope in ("instance", "class") and p.why and p.breaks_if for p in PATCHES)
+    assert all(p.scope in ("instance", "class", "module") and p.why and p.breaks_if for p in PATCHES)
+    assert all(p.applies in ("router", "operator") for p in PATCHES)
 
 
 def test_registered_and_importable_without_slora() -> None:
@@ -205,3 +206,154 @@ def test_gpu_result_is_committed_with_commit_and_versions() -> None:
     assert {"torch", "transformers", "peft", "triton", "cuda"} <= set(res["versions"]) and res["date"]
     assert res["conformance"]["failed"] == 0 and res["conformance"]["passed"] >= 15
     assert shutil.which("bash") is None or (ROOT / "benchmarks" / "gpu" / "slora_h200.sh").is_file()
+
+
+# ------------------------------------------------------------------------------------------ operator path
+
+def _job(tmp: Path, extra: str = "") -> Path:
+    (tmp / "data.json").write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))
+    (tmp / "job.yaml").write_text("dataset: data.json\nadapter_name: served\nlora: {r: 8, alpha: 16}\n" + extra)
+    return tmp / "job.yaml"
+
+
+def _mha_config(tmp: Path, kv_heads: int = 4) -> Path:
+    d = tmp / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 4,
+                                               "num_key_value_heads": kv_heads, "hidden_size": 128,
+                                               "num_hidden_layers": 2, "vocab_size": 512}))
+    return d
+
+
+def test_launch_arguments_split_at_double_dash() -> None:
+    from deltaserve_slora.launch import parse_args
+
+    opts, rest = parse_args(["--job", "j.yaml", "--slora-path", "/s", "--", "--model_dir", "m", "--port", "9"])
+    assert (opts.job, opts.slora_path, rest) == ("j.yaml", "/s", ["--model_dir", "m", "--port", "9"])
+    with pytest.raises(SystemExit):
+        parse_args(["--job", "j.yaml", "--model_dir", "m"])  # S-LoRA's arguments must follow --
+    with pytest.raises(SystemExit):
+        parse_args(["--", "--model_dir", "m"])  # --job is required
+
+
+def test_launch_refuses_slora_options_it_cannot_run_with(tmp_path: Path) -> None:
+    from deltaserve_slora.launch import check_slora_args
+
+    model = _mha_config(tmp_path)
+    argv, resolved = check_slora_args(["--model_dir", str(model), "--port", "8000"])
+    assert argv == ["--model_dir", str(model), "--port", "8000", "--swap"] and resolved == model.resolve()
+    assert check_slora_args(["--model_dir", str(model), "--swap"])[0].count("--swap") == 1
+    for bad, match in ((["--tp", "2"], "--tp 1"), (["--scheduler", "pets"], "--scheduler slora"),
+                       (["--batch-num-adapters", "2"], "batch-num-adapters"), (["--enable-abort"], "drop --enable-abort"),
+                       (["--bmm"], "drop --bmm"), (["--no-lora"], "drop --no-lora"), (["--enable-ab"], "in full"),
+                       (["--prefetch"], "drop --prefetch")):
+        with pytest.raises(ValueError, match=match):
+            check_slora_args(["--model_dir", str(model), *bad])
+    with pytest.raises(ValueError, match="needs --model_dir"):
+        check_slora_args(["--port", "8000"])
+    (tmp_path / "gqa").mkdir()
+    with pytest.raises(ValueError, match="grouped-query.*write_mha_checkpoint"):
+        check_slora_args(["--model_dir", str(_mha_config(tmp_path / "gqa", kv_heads=2))])
+
+
+def test_launch_refuses_a_bad_job_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import sys
+
+    from deltaserve_slora.launch import main
+
+    job = _job(tmp_path, "lora: {r: 0}\n")
+    assert main(["--job", str(job), "--", "--model_dir", str(_mha_config(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "lora" in err and "deltaserve_slora.launch:" in err
+    assert "slora" not in sys.modules  # refused before S-LoRA was looked for or imported
+
+
+def test_launch_without_checkout_names_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    from deltaserve_slora.launch import main
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert main(["--job", str(_job(tmp_path)), "--", "--model_dir", str(_mha_config(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert "--slora-path" in err and ENV_VAR in err and "build_ext" in err and "github.com/S-LoRA/S-LoRA" in err
+
+
+def test_launch_without_calibration_names_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """With a (tested, built) checkout but no stored profile, start-up stops with the calibrate command for this
+    model, before S-LoRA is imported."""
+    import sys
+
+    from deltaserve_slora.launch import main
+
+    root = _fake_checkout(tmp_path / "slora")
+    (root / "COMMIT").write_text("c1ddf488781ea7f551cd0bb07bfd097124c93411\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # activate() puts the checkout on sys.path
+    monkeypatch.setenv("DELTASERVE_PROFILE_DIR", str(tmp_path / "profiles"))
+    model = _mha_config(tmp_path)
+    assert main(["--job", str(_job(tmp_path)), "--slora-path", str(root), "--", "--model_dir", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert f"deltaserve calibrate --host slora --model {model.resolve()} --device cuda --dtype float16" in err
+    assert "slora" not in sys.modules
+
+
+def test_launcher_profile_key_is_the_router_hooks_key(tmp_path: Path) -> None:
+    """The launcher checks the profile before S-LoRA starts; the router process loads it by the key of its
+    SloraHooks: both must be the key `deltaserve calibrate --host slora` stores (SloraHost's)."""
+    from deltaserve_core.calibration import ProfileKey
+    from deltaserve_slora.host import SloraHooks
+    from deltaserve_slora.launch import profile_key
+
+    root = _fake_checkout(tmp_path / "slora")
+    (root / "COMMIT").write_text("c1ddf488781ea7f551cd0bb07bfd097124c93411\n")
+    checkout = inspect_checkout(root)
+    model = str(_mha_config(tmp_path).resolve())
+    hooks = SloraHooks()
+    hooks._init_hooks(checkout=checkout, model_path=model, served_dir=Path(model), work_dir=tmp_path / "w",
+                      device="cuda", max_lora_rank=8, max_batch_tokens=1024)
+    assert ProfileKey.for_host(hooks) == profile_key(checkout, model)
+    assert profile_key(checkout, model).engine_version == "c1ddf488781e"
+
+
+def test_router_entry_pickles_by_reference_for_spawn(tmp_path: Path) -> None:
+    """S-LoRA's server spawns its router process: the entry the launcher installs must unpickle there by name."""
+    import functools
+    import pickle
+
+    from deltaserve_slora.launch import LaunchSettings, router_process
+
+    entry = functools.partial(router_process, LaunchSettings(job="/j.yaml", slora_root="/s", model_path="/m"))
+    back = pickle.loads(pickle.dumps(entry))
+    assert back.func is router_process and back.args == entry.args
+
+
+def test_operator_wraps_are_recorded_and_restored() -> None:
+    """The launcher's wrap of api_server.start_router_process is in the record and is undone by value (a module
+    attribute cannot fall back to a class method)."""
+    import types
+
+    from deltaserve_slora.patches import (
+        ROUTER_PATCHES,
+        install_server_entry,
+        uninstall_operator,
+    )
+
+    operator = [p for p in PATCHES if p.applies == "operator"]
+    assert [p.name for p in operator] == ["slora.server.api_server.start_router_process",
+                                          "slora.server.router.manager.RouterManager.wait_to_model_ready",
+                                          "slora.server.router.manager.RouterManager.loop_for_fwd",
+                                          "slora.server.router.manager.RouterManager.add_req"]
+    assert len(ROUTER_PATCHES) + len(operator) == len(PATCHES)
+
+    def stock(*args: object) -> None: ...
+
+    def entry(*args: object) -> None: ...
+
+    api_server = types.ModuleType("api_server")
+    api_server.start_router_process = stock  # type: ignore[attr-defined]
+    assert install_server_entry(api_server, entry) == [operator[0].name]
+    assert api_server.start_router_process is entry
+    uninstall_operator()
+    assert api_server.start_router_process is stock
+    doc = (ROOT / "docs" / "slora-adapter.md").read_text()
+    assert "python -m deltaserve_slora.launch --job" in doc

@@ -51,9 +51,9 @@ def host(tiny_model: Path, tiny_adapter: Path):
 
 
 def test_every_recorded_patch_is_applied(host) -> None:
-    from deltaserve_slora.patches import PATCHES
+    from deltaserve_slora.patches import ROUTER_PATCHES
 
-    assert host.installed == [p.name for p in PATCHES]
+    assert host.installed == [p.name for p in ROUTER_PATCHES]  # the operator path's are checked below
 
 
 def _reqs(tag: str, adapter: str | None, n: int = 4, seed: int = 0):
@@ -132,3 +132,184 @@ def test_training_through_slora_equals_plain_peft(host, dataset: Path, tiny_mode
           f"{details.get('dtype')}: {details.get('peft_update_error', float('nan')):.4g}; moved {moved:.4g}")
     assert moved > 0, "training did not change the adapter"
     assert_within_precision(details)
+
+
+# ------------------------------------------------------------------------------------------ operator path
+# S-LoRA's own API server started by `python -m deltaserve_slora.launch` (DeltaServe in its router process) against
+# the same server started plainly (`python -m slora.server.api_server`), both as subprocesses on one GPU.
+
+OPERATOR_PROMPTS = ["one two three four", "hello world this is a", "count to five six seven", "the cat sat on"]
+OPERATOR_MAX_NEW = 8
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            return resp.status, (json.loads(raw) if raw.strip().startswith(b"{") else {})
+    except urllib.error.HTTPError as err:
+        return err.code, {}
+
+
+def _generate(base: str, prompt: str, lora_dir: str | None) -> tuple[int, dict]:
+    body: dict = {"inputs": prompt, "parameters": {"do_sample": False, "ignore_eos": True,
+                                                   "max_new_tokens": OPERATOR_MAX_NEW, "return_details": True}}
+    if lora_dir is not None:
+        body["lora_dir"] = lora_dir
+    return _http(f"{base}/generate", body)
+
+
+def _wait_up(proc, base: str, log: Path, deadline_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
+        try:
+            if _http(f"{base}/health", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"server did not come up in {deadline_s:.0f} s:\n{log.read_text()[-5000:]}")
+        time.sleep(1)
+
+
+def _outputs(base: str, requests: list[tuple[str, str | None]]) -> list[list[int]]:
+    """All requests at once (threads), so that they share steps with each other and with fine-tuning rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        results = list(pool.map(lambda r: _generate(base, *r), requests))
+    out = []
+    for status, body in results:
+        assert status == 200, body
+        assert body["count_output_tokens"] == OPERATOR_MAX_NEW  # no fine-tuning row's token reached the client
+        out.append([t["id"] for t in body["tokens"]])
+    return out
+
+
+@pytest.fixture(scope="module")
+def operator_servers(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, tiny_adapter: Path):
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from deltaserve_core.adapter_state import LoraAdapterState
+    from deltaserve_slora import layout
+    from deltaserve_slora.locate import locate_slora
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    tmp = tmp_path_factory.mktemp("slora-operator")
+    checkout = locate_slora()
+    mha, mha_cfg = layout.write_mha_checkpoint(tiny_model, tmp / "tiny-mha")  # S-LoRA serves MHA only
+    hf_cfg = json.loads((tiny_model / "config.json").read_text())
+    adapter = str(layout.write_slora_adapter(LoraAdapterState.load_pretrained(tiny_adapter, name="client"), hf_cfg,
+                                             tmp / "adapters" / "client"))
+    records = [{"instruction": f"Count to {i} in words.", "input": "", "output": " ".join(["one"] * (i % 7 + 2))}
+               for i in range(24)]
+    (tmp / "data.json").write_text(json.dumps(records))
+    (tmp / "job.yaml").write_text(
+        "dataset: data.json\nadapter_name: served\nlora: {r: 8, alpha: 16}\nepochs: 1\n"
+        "backward_batch_tokens: 48\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 1.0}\n"
+        "checkpoint: {dir: ckpt, every_steps: 1, keep: 2}\npublish: {policy: on_checkpoint}\n")
+    env = dict(os.environ, DELTASERVE_PROFILE_DIR=str(tmp / "profiles"), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join([str(checkout.root), os.environ.get("PYTHONPATH", "")]))
+    common = ["--model_dir", str(mha), "--tokenizer_mode", "auto", "--max_total_token_num", "4096",
+              "--max_req_input_len", "256", "--max_req_total_len", "512", "--batch_max_tokens", "1024",
+              "--pool-size-lora", "2048", "--swap", "--lora-dirs", adapter, "--disable_log_stats",
+              "--eos_id", str(mha_cfg.get("eos_token_id") or 2)]
+    stock_port, ds_port = port(), port()
+    stock_log, ds_log, cal_log = tmp / "stock.log", tmp / "deltaserve.log", tmp / "calibrate.log"
+    procs = []
+    with open(stock_log, "w") as f:
+        stock = subprocess.Popen([sys.executable, "-m", "slora.server.api_server", *common, "--port", str(stock_port),
+                                  "--nccl_port", str(port())], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp,
+                                 start_new_session=True)
+    procs.append(stock)
+    try:
+        with open(cal_log, "w") as f:  # the operator's one-time step; concurrent with the stock server's start-up
+            cal = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "calibrate", "--host", "slora",
+                                  "--model", str(mha), "--device", "cuda", "--dtype", "float16", "--max-prefill", "128",
+                                  "--max-decode", "4", "--max-kv", "512", "--max-ft", "128", "--no-progress"],
+                                 check=False, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp, timeout=120)
+        assert cal.returncode == 0, cal_log.read_text()[-4000:]
+        with open(ds_log, "w") as f:
+            ds = subprocess.Popen([sys.executable, "-m", "deltaserve_slora.launch", "--job", str(tmp / "job.yaml"),
+                                   "--log-every-s", "1", "--", *common, "--port", str(ds_port), "--nccl_port",
+                                   str(port())], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp,
+                                  start_new_session=True)
+        procs.append(ds)
+        stock_base, ds_base = f"http://127.0.0.1:{stock_port}", f"http://127.0.0.1:{ds_port}"
+        _wait_up(stock, stock_base, stock_log, 90)
+        _wait_up(ds, ds_base, ds_log, 90)
+        yield {"stock": stock_base, "ds": ds_base, "proc": ds, "log": ds_log, "ckpt": tmp / "ckpt",
+               "adapter": adapter}
+    finally:
+        # Stock S-LoRA's server does not stop its router process on SIGINT (it joins it forever): each server runs
+        # in its own session, whose processes all go at the end. The launcher was stopped gracefully by the test.
+        for p in procs[1:]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    pass
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def test_operator_path_outputs_equal_stock_server_and_fine_tuning_progresses(operator_servers) -> None:
+    """`python -m deltaserve_slora.launch`: greedy outputs over S-LoRA's HTTP API equal the same server started
+    without DeltaServe (base and LoRA requests, sent together so they share steps with fine-tuning rows), every
+    recorded patch is applied in the router process, the job trains to a checkpoint and publishes a version that
+    serves, and SIGINT leaves a final checkpoint."""
+    import signal
+    import time
+
+    from deltaserve_slora.patches import PATCHES
+
+    s = operator_servers
+    requests = [(p, None) for p in OPERATOR_PROMPTS] + [(p, s["adapter"]) for p in OPERATOR_PROMPTS]
+    expected = _outputs(s["stock"], requests)
+    for _ in range(3):  # more than one round: later rounds meet a job that is training
+        assert _outputs(s["ds"], requests) == expected
+    log = s["log"].read_text()
+    assert "DeltaServe co-serving started in S-LoRA's router process" in log, log[-4000:]
+    applied = log.split("patches applied", 1)[1].splitlines()[0]
+    assert all(p.name in applied for p in PATCHES), applied
+
+    deadline = time.monotonic() + 60
+    while not any(s["ckpt"].glob("checkpoint-*/adapter_config.json")):
+        assert s["proc"].poll() is None, s["log"].read_text()[-4000:]
+        assert time.monotonic() < deadline, "no checkpoint written: fine-tuning did not progress\n" + \
+            s["log"].read_text()[-4000:]
+        time.sleep(1)
+    assert "fine-tuning: step" in s["log"].read_text()
+    published = sorted(p for p in (s["ckpt"] / "published").iterdir() if (p / "adapter_config.json").is_file())
+    assert published, "no adapter version was published"
+    status, body = _generate(s["ds"], OPERATOR_PROMPTS[0], str(published[-1]))
+    assert status == 200 and body["count_output_tokens"] == OPERATOR_MAX_NEW, body
+    assert _outputs(s["ds"], requests) == expected  # base and client outputs unchanged by publishing
+
+    s["proc"].send_signal(signal.SIGINT)
+    assert s["proc"].wait(timeout=90) == 0, s["log"].read_text()[-4000:]
+    assert "DeltaServe final checkpoint" in s["log"].read_text(), s["log"].read_text()[-4000:]

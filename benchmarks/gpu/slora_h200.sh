@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deltaserve_slora on stock S-LoRA, one CUDA GPU (H200 here): build a trimmed copy of S-LoRA, run
-# `deltaserve conformance slora` (fp16) and tests/test_slora_gpu.py (patch record, outputs vs. stock S-LoRA,
+# `deltaserve conformance slora` (fp16) and tests/test_slora_gpu.py (patch record, outputs vs. stock S-LoRA, the
+# operator path `python -m deltaserve_slora.launch` over S-LoRA's HTTP API against its plain server,
 # exactness through the engine), write the JSON summary.
 #
 #   SLORA_SRC=/path/to/S-LoRA  [SLORA_WHEELS=dir-of-wheels] [SLORA_KERNELS=prebuilt _kernels*.so] \
@@ -9,8 +10,12 @@
 # The user's checkout is never edited: it is copied to $BUILD (default /tmp/slora-build) and only the copy's bgmv
 # kernel table (slora/csrc/bgmv/bgmv_config.h) is cut to the widths/ranks tested (hidden 128; ranks 8, 16: the
 # conformance tiny Llama and its adapters); the full table instantiates 440 kernels (>10 min to build).
-# SLORA_WHEELS: wheels of S-LoRA's pure-Python needs missing on the machine (rpyc, plumbum, pyzmq), installed
-# to /tmp/site. SLORA_COMMIT names the S-LoRA commit in the JSON when the source has no git metadata.
+# SLORA_WHEELS: wheels of S-LoRA's pure-Python needs missing on the machine (rpyc, plumbum, pyzmq; for its API
+# server, which the operator-path test starts: fastapi, starlette, uvicorn, pydantic, pydantic-core,
+# annotated-types, typing-inspection, typing-extensions), installed to /tmp/site. SLORA_COMMIT names the S-LoRA
+# commit in the JSON when the source has no git metadata.
+# A partial run (SLORA_CONFORMANCE=0, SLORA_PYTEST_ARGS selecting tests, e.g. "-k operator_path") skips the
+# conformance suite and the JSON summary.
 set -uo pipefail
 SLORA_SRC=${SLORA_SRC:?set SLORA_SRC to an S-LoRA checkout}
 OUT=${OUT:-benchmarks/results}
@@ -46,9 +51,15 @@ else
 fi
 export DELTASERVE_SLORA_PATH="$BUILD"
 
+if [ "${SLORA_CONFORMANCE:-1}" = 1 ]; then
 timeout ${T_CONF:-240} deltaserve conformance slora --device cuda --dtype float16 -v -- -p no:cacheprovider \
   --junitxml="$OUT/slora_logs/conformance.xml" 2>&1 | tee "$OUT/slora_logs/conformance.txt" | tail -25
-timeout ${T_TEST:-240} python3 -m pytest tests/test_slora_gpu.py -v -s -p no:cacheprovider -rs \
+fi
+# shellcheck disable=SC2086  # SLORA_PYTEST_ARGS is a list of pytest arguments
+timeout ${T_TEST:-420} python3 -m pytest tests/test_slora_gpu.py ${SLORA_PYTEST_ARGS:-} -v -s -p no:cacheprovider -rs \
   --junitxml="$OUT/slora_logs/gpu_tests.xml" 2>&1 | tee "$OUT/slora_logs/gpu_tests.txt" \
   | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|adapter after|bug reproduced|Error" | tail -40
+# the operator-path test's server logs (launcher, stock server, calibration), kept for reading
+find /tmp/pytest-of-*/ -path "*slora-operator*" -name "*.log" -exec cp --backup=numbered {} "$OUT/slora_logs/" \; 2>/dev/null
+[ "${SLORA_CONFORMANCE:-1}" = 1 ] || exit 0
 python3 benchmarks/gpu/slora_results.py --logs "$OUT/slora_logs" --slora "$BUILD" --out "$OUT/slora_h200.json"

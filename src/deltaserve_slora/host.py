@@ -14,6 +14,9 @@ as a client output.
   adapter rows (S-LoRA's unified paging).
 - ``work_dir``: where the fp16/MHA model copy and adapter folders go (default a temporary folder).
 
+The :class:`HostHooks` half is :class:`SloraHooks`, shared with the operator path (:mod:`.launch`, S-LoRA's own
+API server with DeltaServe in its router process); :class:`SloraHost` adds the driver.
+
 S-LoRA runs fp16 on CUDA only (its kernels and ``exposed_add_batch`` accept fp16 only): other dtypes/devices are
 refused. Grouped-query models are served as their exact MHA expansion (:mod:`.layout`).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import random
 import shutil
 import socket
@@ -59,10 +63,12 @@ from deltaserve_core.types import (
 )
 
 from . import layout
-from .locate import activate, locate_slora
-from .patches import FINETUNE_REQUEST_PREFIX, Channel, _Info, install, uninstall
+from .locate import SloraCheckout, activate, locate_slora
+from .patches import FINETUNE_REQUEST_PREFIX, Channel, install, note_arrival, uninstall
 
-__all__ = ["SloraHost"]
+__all__ = ["SloraHooks", "SloraHost", "engine_version"]
+
+log = logging.getLogger("deltaserve_slora")
 
 _PROFILE_PREFIX = "__deltaserve_profile__"
 
@@ -110,70 +116,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class SloraHost:
-    """DeltaServe host over stock S-LoRA (see the module docstring)."""
+def engine_version(checkout: SloraCheckout) -> str:
+    """The engine version a calibration profile is keyed by (``ProfileKey.engine_version``); the same for the
+    in-process host and the operator path, so one ``deltaserve calibrate --host slora`` serves both."""
+    return (checkout.commit or "c1ddf48-equivalent")[:12]
+
+
+class SloraHooks:
+    """:class:`~deltaserve_core.hooks.HostHooks` over a live S-LoRA router (TP=1) with :mod:`.patches` applied.
+
+    The translation between the core and S-LoRA lives here once, for both ways S-LoRA runs: :class:`SloraHost`
+    (this process builds and steps the router) and :mod:`.launch` (S-LoRA's own API server steps its router in
+    the router process). Set up in two phases because :class:`SloraHost` must write adapter folders before the
+    router exists: :meth:`_init_hooks`, then :meth:`_attach` once the router's ``ModelRpcServer`` is ready."""
 
     name = "slora"
 
-    def __init__(self, config: HostConfig) -> None:
-        if not config.device.startswith("cuda") or config.dtype != "float16":
-            raise ValueError(f"S-LoRA runs fp16 on CUDA only (its kernels and InferBatch accept fp16): start the "
-                             f"slora host with device=cuda, dtype=float16 (got {config.device}, {config.dtype})")
-        opts = dict(config.options)
-        self.checkout = locate_slora(opts.get("slora_path"))
-        activate(self.checkout)
-
-        import torch.distributed as dist
-        if dist.is_initialized():
-            raise RuntimeError("deltaserve_slora: torch.distributed is already initialised in this process; S-LoRA's "
-                               "ModelRpcServer initialises it itself (one S-LoRA host per process)")
-        from slora.common.configs.config import setting
-        from slora.server.input_params import InputParams
-        from slora.server.router.manager import RouterManager
-
-        self.config = config
-        self._tmp = Path(opts.get("work_dir") or tempfile.mkdtemp(prefix="deltaserve-slora-"))
-        self._model_dir, self._cfg = layout.write_mha_checkpoint(Path(config.model), self._tmp / "model")
-        self._hf_cfg = json.loads((Path(config.model) / "config.json").read_text())
+    def _init_hooks(self, *, checkout: SloraCheckout, model_path: str, served_dir: Path, work_dir: Path,
+                    device: str, max_lora_rank: int, max_batch_tokens: int,
+                    publish_dir: Path | None = None) -> None:
+        """``model_path``: the checkpoint as the operator named it (model spec, profile key, GQA shapes);
+        ``served_dir``: the (MHA, fp16) folder S-LoRA loaded; ``publish_dir``: where published versions go
+        (default: ``work_dir``)."""
+        self.checkout = checkout
+        self._spec_path = model_path
+        self._model_dir = Path(served_dir)
+        self._cfg = json.loads((self._model_dir / "config.json").read_text())
+        self._hf_cfg = json.loads((Path(model_path) / "config.json").read_text())
+        self._tmp = Path(work_dir)
+        self._publish_dir = Path(publish_dir) if publish_dir is not None else self._tmp / "adapters"
+        self._max_lora_rank = max_lora_rank
         self._dirs = itertools.count()
         self._adapters: dict[str, str] = {}  # client-visible name -> S-LoRA adapter dir
-        self._ranks: dict[str, int] = {}
+        #: published version name -> the S-LoRA adapter folder serving it (a client's ``lora_dir``)
+        self.published_dirs: dict[str, str] = {}
         self.channel = Channel()
-        # Adapters S-LoRA must know at start-up: the zero adapter (base-request fix) and the client adapters.
-        zero = self._zero_state(8)
-        zero_dir = self._write_adapter(zero, "zero")
-        startup = [zero_dir]
-        for name, path in config.client_adapters.items():
-            if name == RESERVED_ADAPTER_NAME:
-                raise ReservedAdapterError(name)
-            startup.append(self._write_adapter(LoraAdapterState.load_pretrained(path, name=name), name))
-            self._adapters[name] = startup[-1]
-        setting["max_req_total_len"] = int(opts.get("max_req_total_len", 2048))
-        setting["nccl_port"] = _free_port()
-        max_tokens = int(opts.get("max_total_token_num", 8192))
-        self._params = InputParams(
-            max_req_total_len=setting["max_req_total_len"], max_total_token_num=max_tokens,
-            pool_size_lora=int(opts.get("pool_size_lora", 4096)), batch_max_tokens=config.max_batch_tokens,
-            running_max_req_size=config.max_running_requests, swap=True, prefetch=False, prefetch_size=0,
-            scheduler="slora", profile=False, batch_num_adapters=None, enable_abort=False, dummy=False,
-            no_lora_compute=False, no_lora_swap=False, no_kernel=False, no_mem_pool=False, bmm=False, no_lora=False,
-            fair_weights=[1])
-        self._loop = asyncio.new_event_loop()
-        self.router = RouterManager(str(self._model_dir), startup, load_way="HF", world_size=1,
-                                    eos_id=self._cfg.get("eos_token_id"), router_port=_free_port(),
-                                    detokenization_port=_free_port(), model_rpc_ports=[_free_port()],
-                                    input_params=self._params, log_stats=False)
-        self._loop.run_until_complete(self.router.wait_to_model_ready())
-        self.server = self.router.model_rpcs[0].model
-        self._collector = _OutputCollector()
-        self.router.send_to_detokenization = self._collector
+        self._capabilities = HostCapabilities(
+            engine="slora", engine_version=engine_version(checkout), mixed_batches=False,
+            graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype="float16", device=device,
+            supports_abort=False, max_finetune_tokens_per_step=max_batch_tokens)
+
+    def _attach(self, router: Any, zero_dir: str | None = None) -> None:
+        """Bind the ready router and apply the patches. ``zero_dir``: the all-zero adapter of the base-request fix
+        when S-LoRA already loaded it at start-up; otherwise it is written and registered here."""
+        self.router = router
+        self.server = router.model_rpcs[0].model
+        if zero_dir is None:
+            zero_dir = self._write_adapter(self._zero_state(8), "zero")
+            self._register(zero_dir)
         self.channel.zero_dir = zero_dir
         self.installed = install(self.router, self.server, self.channel)
-        self._closed = False
-        self._capabilities = HostCapabilities(
-            engine="slora", engine_version=(self.checkout.commit or "c1ddf48-equivalent")[:12], mixed_batches=False,
-            graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype="float16", device=config.device,
-            supports_abort=False, max_finetune_tokens_per_step=config.max_batch_tokens)
 
     # ------------------------------------------------------------------------------------ adapters
 
@@ -192,8 +184,8 @@ class SloraHost:
                 tensors[f"{p}.lora_B.weight"] = torch.zeros(out, r)
         return LoraAdapterState("deltaserve-zero", 0, LoraConfigSpec(r=r, lora_alpha=float(r)), tensors)
 
-    def _write_adapter(self, state: LoraAdapterState, name: str) -> str:
-        d = self._tmp / "adapters" / layout.slora_dir_name(name, next(self._dirs))
+    def _write_adapter(self, state: LoraAdapterState, name: str, root: Path | None = None) -> str:
+        d = (root or self._tmp / "adapters") / layout.slora_dir_name(name, next(self._dirs))
         layout.write_slora_adapter(state, self._hf_cfg, d)
         return str(d)
 
@@ -228,9 +220,9 @@ class SloraHost:
             torch.cuda.synchronize()
 
     def _check_rank(self, state: LoraAdapterState) -> None:
-        if state.config.r > self.config.max_lora_rank:
+        if state.config.r > self._max_lora_rank:
             raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
-                             f"{self.config.max_lora_rank}")
+                             f"{self._max_lora_rank}")
 
     # ------------------------------------------------------------------------------------ HostHooks
 
@@ -239,7 +231,7 @@ class SloraHost:
 
     def model_spec(self) -> ModelSpec:
         cfg = self._hf_cfg
-        return ModelSpec(path=str(self.config.model), architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0],
+        return ModelSpec(path=self._spec_path, architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0],
                          num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]),
                          vocab_size=int(cfg["vocab_size"]), dtype="float16")
 
@@ -274,11 +266,73 @@ class SloraHost:
         # `state` by layout.pool_rows, so what clients get is this transform's output, checked by conformance.
         zero = self._zero_state(state.config.r)
         zero = LoraAdapterState(name, state.version, state.config, zero.tensors, state.base_model_path)
-        directory = self._write_adapter(zero, name)
+        directory = self._write_adapter(zero, name, self._publish_dir)
         self._register(directory)
         self._write_rows(directory, state)
         self._adapters[name] = directory
+        self.published_dirs[name] = directory
+        log.info("published adapter %s: request it with \"lora_dir\": %r", name, directory)
         return name
+
+    def run_profile_step(self, shape: ProfileShape) -> StepRecord:
+        raise RuntimeError("calibration cannot run inside S-LoRA's own server (its router loop owns the steps); run "
+                           f"`deltaserve calibrate --host slora --model {self._spec_path} --device cuda --dtype "
+                           "float16` before starting it: it stores the profile the server loads")
+
+
+class SloraHost(SloraHooks):
+    """DeltaServe host over stock S-LoRA (see the module docstring)."""
+
+    def __init__(self, config: HostConfig) -> None:
+        if not config.device.startswith("cuda") or config.dtype != "float16":
+            raise ValueError(f"S-LoRA runs fp16 on CUDA only (its kernels and InferBatch accept fp16): start the "
+                             f"slora host with device=cuda, dtype=float16 (got {config.device}, {config.dtype})")
+        opts = dict(config.options)
+        checkout = locate_slora(opts.get("slora_path"))
+        activate(checkout)
+
+        import torch.distributed as dist
+        if dist.is_initialized():
+            raise RuntimeError("deltaserve_slora: torch.distributed is already initialised in this process; S-LoRA's "
+                               "ModelRpcServer initialises it itself (one S-LoRA host per process)")
+        from slora.common.configs.config import setting
+        from slora.server.input_params import InputParams
+        from slora.server.router.manager import RouterManager
+
+        self.config = config
+        tmp = Path(opts.get("work_dir") or tempfile.mkdtemp(prefix="deltaserve-slora-"))
+        model_dir, _ = layout.write_mha_checkpoint(Path(config.model), tmp / "model")
+        self._init_hooks(checkout=checkout, model_path=str(config.model), served_dir=model_dir, work_dir=tmp,
+                         device=config.device, max_lora_rank=config.max_lora_rank,
+                         max_batch_tokens=config.max_batch_tokens)
+        # Adapters S-LoRA must know at start-up: the zero adapter (base-request fix) and the client adapters.
+        zero_dir = self._write_adapter(self._zero_state(8), "zero")
+        startup = [zero_dir]
+        for name, path in config.client_adapters.items():
+            if name == RESERVED_ADAPTER_NAME:
+                raise ReservedAdapterError(name)
+            startup.append(self._write_adapter(LoraAdapterState.load_pretrained(path, name=name), name))
+            self._adapters[name] = startup[-1]
+        setting["max_req_total_len"] = int(opts.get("max_req_total_len", 2048))
+        setting["nccl_port"] = _free_port()
+        max_tokens = int(opts.get("max_total_token_num", 8192))
+        self._params = InputParams(
+            max_req_total_len=setting["max_req_total_len"], max_total_token_num=max_tokens,
+            pool_size_lora=int(opts.get("pool_size_lora", 4096)), batch_max_tokens=config.max_batch_tokens,
+            running_max_req_size=config.max_running_requests, swap=True, prefetch=False, prefetch_size=0,
+            scheduler="slora", profile=False, batch_num_adapters=None, enable_abort=False, dummy=False,
+            no_lora_compute=False, no_lora_swap=False, no_kernel=False, no_mem_pool=False, bmm=False, no_lora=False,
+            fair_weights=[1])
+        self._loop = asyncio.new_event_loop()
+        router = RouterManager(str(model_dir), startup, load_way="HF", world_size=1,
+                               eos_id=self._cfg.get("eos_token_id"), router_port=_free_port(),
+                               detokenization_port=_free_port(), model_rpc_ports=[_free_port()],
+                               input_params=self._params, log_stats=False)
+        self._loop.run_until_complete(router.wait_to_model_ready())
+        self._collector = _OutputCollector()
+        router.send_to_detokenization = self._collector
+        self._attach(router, zero_dir)
+        self._closed = False
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         """Runs ``shape`` through S-LoRA's normal path. S-LoRA never mixes prefill and decode, so a shape with both
@@ -352,11 +406,9 @@ class SloraHost:
             raise ValueError(f"request id {rid!r} is already in flight or reserved")
         now = time.monotonic()
         self._collector.live[rid] = _Live(request, now)
-        self.channel.info[rid] = _Info(now, request.slo)
         self._add(rid, list(request.prompt_ids), self._adapters.get(request.adapter) if request.adapter else None,
                   request.max_tokens, request.ignore_eos)
-        if self.channel.interceptor is not None:
-            self.channel.interceptor.on_arrival(rid, now)
+        note_arrival(self.channel, rid, now, request.slo)
 
     def has_unfinished(self) -> bool:
         return bool(self._collector.live)

@@ -13,8 +13,10 @@ This module imports S-LoRA only inside :func:`install` (after :func:`deltaserve_
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
+import types
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +32,9 @@ from deltaserve_core.types import (
     StepRecord,
 )
 
-__all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "Channel", "Patch", "StepPlan", "install", "uninstall"]
+__all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "ROUTER_PATCHES", "Channel", "Patch", "StepPlan", "install",
+           "install_arrivals", "install_idle_loop", "install_router_start", "install_server_entry", "note_arrival", "uninstall",
+           "uninstall_operator"]
 
 #: S-LoRA request ids of fine-tuning rows (client ids with this prefix are refused by the host).
 FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
@@ -39,9 +43,12 @@ FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
 @dataclass(frozen=True)
 class Patch:
     name: str  # the wrapped method, as S-LoRA spells it
-    scope: str  # "instance" (this router/queue/server object) or "class" (every instance in the process)
+    scope: str  # "instance" (this router/queue/server object), "class" (every instance in the process) or "module"
     why: str
     breaks_if: str
+    #: "router": applied to every router DeltaServe runs in (SloraHost and the operator path); "operator": only by
+    #: deltaserve_slora.launch (S-LoRA's own API server)
+    applies: str = "router"
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -78,7 +85,37 @@ PATCHES: tuple[Patch, ...] = (
           "the pool applied whenever they share a step with LoRA rows (fine-tuning rows make that common). Such rows "
           "are pointed at an all-zero adapter instead, so their LoRA delta is exactly 0",
           "req_bins/infer_adapter.idx_map renamed, or S-LoRA fixing the bug itself (then drop this wrap)"),
+    Patch("slora.server.api_server.start_router_process", "module",
+          "operator path, in the launcher process: S-LoRA's api_server.main spawns its router process with this "
+          "name as the target; the launcher points it at deltaserve_slora.launch.router_process (picklable, so the "
+          "spawned process runs it), which installs the wrap below and then runs S-LoRA's own start_router_process",
+          "api_server.main no longer starting the router as mp.Process(target=start_router_process, args=(args, "
+          "router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)) through its module-level name",
+          applies="operator"),
+    Patch("slora.server.router.manager.RouterManager.wait_to_model_ready", "class",
+          "operator path, in the router process only: once the RouterManager and its ModelRpcServer exist (and before "
+          "S-LoRA reports 'init ok' to the API server), DeltaServe attaches: the patches above, the stored latency "
+          "profile and the CoServer. A failure there reaches the operator through S-LoRA's own init pipe",
+          "start_router_process no longer awaiting router.wait_to_model_ready() before pipe_writer.send('init ok'), "
+          "or TP > 1 (model_rpcs[0].model is then an rpyc proxy)", applies="operator"),
+    Patch("slora.server.router.manager.RouterManager.loop_for_fwd", "instance",
+          "operator path: S-LoRA's loop steps an idle router every 10 ms; while fine-tuning-only steps run it steps "
+          "again at once (still yielding to loop_for_netio_req, so arriving requests are taken first), and after a "
+          "step that ran nothing it waits the 10 ms as S-LoRA does. SIGINT/SIGTERM stop it at a step boundary, then "
+          "the final checkpoint is written",
+          "loop_for_fwd/_step renamed, start_router_process no longer running it as a task next to "
+          "loop_for_netio_req on one event loop, or running_batch no longer None when the router is idle",
+          applies="operator"),
+    Patch("slora.server.router.manager.RouterManager.add_req", "instance",
+          "operator path: requests from S-LoRA's HTTP server enter here (loop_for_netio_req); their arrival time is "
+          "recorded for the schedule views' TTFT/TPOT and the core is told (on_arrival), as SloraHost.submit does "
+          "for the driver's requests (both through note_arrival)",
+          "add_req(adapter_dir, prompt_ids, sampling_params, request_id) renamed, or requests entering the queue "
+          "another way", applies="operator"),
 )
+
+#: the patches every router DeltaServe runs in gets (:func:`install`); the rest are the operator path's
+ROUTER_PATCHES: tuple[Patch, ...] = tuple(p for p in PATCHES if p.applies == "router")
 
 
 @dataclass
@@ -128,19 +165,21 @@ class Channel:
 
 _ACTIVE: Channel | None = None  # the channel whose step is in forward (class-level wraps read it)
 _UNDO: list[Callable[[], None]] = []
+#: the operator path's wraps (their own list: install() refuses to run twice, but the launch wraps precede it)
+_LAUNCH_UNDO: list[Callable[[], None]] = []
 
 
 def _wrap(owner: Any, attr: str, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
-          ch: Channel) -> None:
+          installed: list[str], undo_list: list[Callable[[], None]] = _UNDO) -> None:
     if name not in {p.name for p in PATCHES}:
         raise RuntimeError(f"deltaserve_slora: {name} is not in the patch record (patches.PATCHES)")
     original = getattr(owner, attr, None)
     if original is None:
         raise RuntimeError(f"deltaserve_slora: S-LoRA has no {name}; this S-LoRA is not a tested version")
-    is_class = isinstance(owner, type)
+    is_class = isinstance(owner, (type, types.ModuleType))  # restored by value, not by deleting an override
     raw = owner.__dict__[attr] if is_class else original
     setattr(owner, attr, make(raw))
-    ch.installed.append(name)
+    installed.append(name)
 
     def undo() -> None:
         if is_class:
@@ -150,7 +189,7 @@ def _wrap(owner: Any, attr: str, name: str, make: Callable[[Callable[..., Any]],
                 delattr(owner, attr)  # back to the class's method
             except AttributeError:
                 pass
-    _UNDO.append(undo)
+    undo_list.append(undo)
 
 
 def _view_waiting(ch: Channel, req: Any, now: float) -> ScheduledRequest:
@@ -241,7 +280,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return new_batch
         return generate_new_batch
 
-    _wrap(queue, "generate_new_batch", PATCHES[0].name, wrap_generate, ch)
+    _wrap(queue, "generate_new_batch", PATCHES[0].name, wrap_generate, ch.installed)
 
     def report(plan: StepPlan) -> None:
         ids = tuple(s.sample_id for s in plan.samples.values())
@@ -278,7 +317,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return out
         return _decode_batch
 
-    _wrap(router, "_decode_batch", PATCHES[1].name, wrap_decode, ch)
+    _wrap(router, "_decode_batch", PATCHES[1].name, wrap_decode, ch.installed)
 
     def wrap_prefill(orig: Callable[..., Any]) -> Callable[..., Any]:
         async def _prefill_batch(batch: Any, minibatch: bool = True) -> Any:
@@ -292,7 +331,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return out
         return _prefill_batch
 
-    _wrap(router, "_prefill_batch", PATCHES[2].name, wrap_prefill, ch)
+    _wrap(router, "_prefill_batch", PATCHES[2].name, wrap_prefill, ch.installed)
 
     # -- output filter -------------------------------------------------------------------------------------
     def wrap_send(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -309,7 +348,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return orig(batch, kept)
         return _send_to_detokenization_proc
 
-    _wrap(router, "_send_to_detokenization_proc", PATCHES[3].name, wrap_send, ch)
+    _wrap(router, "_send_to_detokenization_proc", PATCHES[3].name, wrap_send, ch.installed)
 
     # -- forward: timing, rows, zero adapter ---------------------------------------------------------------
     def wrap_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -351,7 +390,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
                     sink.end_step(plan.step_id, ids, [])  # type: ignore[union-attr]
         return forward
 
-    _wrap(server, "forward", PATCHES[4].name, wrap_forward, ch)
+    _wrap(server, "forward", PATCHES[4].name, wrap_forward, ch.installed)
 
     # -- model side (class-level; inert unless _ACTIVE) ----------------------------------------------------
     def wrap_layer(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -367,7 +406,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return orig(self, layer_id, input_embs, infer_state, no_lora_compute)
         return _lora_context_forward
 
-    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].name, wrap_layer, ch)
+    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].name, wrap_layer, ch.installed)
 
     def wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, base_model: Any, adapters: list[Any], infer_adapter: Any = None) -> None:
@@ -384,7 +423,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
                         self.req_bins[i] = zero
         return __init__
 
-    _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].name, wrap_init, ch)
+    _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].name, wrap_init, ch.installed)
     return list(ch.installed)
 
 
@@ -404,3 +443,90 @@ def uninstall() -> None:
     while _UNDO:
         _UNDO.pop()()
     _ACTIVE = None
+
+
+# ---------------------------------------------------------------------------------------- operator path
+#: how long an idle router waits before looking for work again: S-LoRA's own loop_for_fwd interval
+IDLE_WAIT_S = 0.01
+
+
+def install_server_entry(api_server: types.ModuleType, entry: Callable[..., None]) -> list[str]:
+    """Launcher process: S-LoRA's ``api_server.main`` spawns its router process with ``entry`` (same arguments).
+
+    ``entry`` must be picklable by reference (S-LoRA's server uses the spawn start method)."""
+    names: list[str] = []
+    _wrap(api_server, "start_router_process", PATCHES[7].name, lambda _orig: entry, names, _LAUNCH_UNDO)
+    return names
+
+
+def install_router_start(router_cls: type, on_ready: Callable[[Any], None]) -> list[str]:
+    """Router process: ``on_ready(router)`` runs once the router's model server exists, before S-LoRA reports
+    'init ok' to its API server, so whatever ``on_ready`` raises fails S-LoRA's start-up with the traceback."""
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        async def wait_to_model_ready(self: Any) -> Any:
+            out = await orig(self)
+            on_ready(self)
+            return out
+        return wait_to_model_ready
+
+    names: list[str] = []
+    _wrap(router_cls, "wait_to_model_ready", PATCHES[8].name, wrap, names, _LAUNCH_UNDO)
+    return names
+
+
+def install_idle_loop(router: Any, ch: Channel, wants_idle_step: Callable[[], bool],
+                      stop_requested: Callable[[], bool], on_signal: Callable[[], None]) -> list[str]:
+    """Router process: replaces this router's ``loop_for_fwd`` (see the record). When ``stop_requested()`` turns
+    true (``on_signal`` runs on SIGINT/SIGTERM) the loop returns after the current step and cancels the router's
+    other tasks, which ends S-LoRA's ``run_until_complete(loop_for_netio_req())`` with ``CancelledError``."""
+    import signal
+
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        async def loop_for_fwd() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, on_signal)
+            while not stop_requested():
+                before = ch.forwards
+                await router._step()
+                if router.running_batch is not None:
+                    router.stats_tool.print_stats()  # as S-LoRA's loop; its next _step yields to netio
+                elif ch.forwards > before and wants_idle_step():
+                    await asyncio.sleep(0)  # a fine-tuning-only step ran: more may be admissible now
+                else:
+                    await asyncio.sleep(IDLE_WAIT_S)
+            me = asyncio.current_task()
+            for task in asyncio.all_tasks():
+                if task is not me:
+                    task.cancel()
+        return loop_for_fwd
+
+    names: list[str] = []
+    _wrap(router, "loop_for_fwd", PATCHES[9].name, wrap, names, _LAUNCH_UNDO)
+    return names
+
+
+def note_arrival(ch: Channel, request_id: str, now: float, slo: RequestSLO | None = None) -> None:
+    """A client request arrived: its timing for the schedule views, and the core's ``on_arrival``."""
+    ch.info[request_id] = _Info(now, slo)
+    if ch.interceptor is not None:
+        ch.interceptor.on_arrival(request_id, now)
+
+
+def install_arrivals(router: Any, ch: Channel) -> list[str]:
+    """Router process: every request S-LoRA's HTTP server sends is noted (:func:`note_arrival`) as it is queued."""
+    def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def add_req(adapter_dir: Any, prompt_ids: Any, sampling_params: Any, request_id: str) -> Any:
+            note_arrival(ch, request_id, time.monotonic())
+            return orig(adapter_dir, prompt_ids, sampling_params, request_id)
+        return add_req
+
+    names: list[str] = []
+    _wrap(router, "add_req", PATCHES[10].name, wrap, names, _LAUNCH_UNDO)
+    return names
+
+
+def uninstall_operator() -> None:
+    """Remove the operator path's wraps (the router patches stay until :func:`uninstall`)."""
+    while _LAUNCH_UNDO:
+        _LAUNCH_UNDO.pop()()
