@@ -61,8 +61,10 @@ def make_batch(scheduled=(), waiting=(), mode=G) -> ProposedBatch:
     return ProposedBatch(step_id=3, now=NOW, scheduled=tuple(scheduled), waiting=tuple(waiting), mode=mode)
 
 
-def decide(batch, pool, *, model=None, mixed=True, backward=False, buffer=65536, cap=4096, **kw) -> AdmissionDecision:
+def decide(batch, pool, *, model=None, mixed=True, backward=False, buffer=65536, cap=4096, safety=1.0,
+           **kw) -> AdmissionDecision:
     adm = Admission(model or make_model(), SLO, mixed_batches=mixed, max_ft_tokens_per_step=cap, **kw)
+    adm.safety = safety
     return adm.decide(batch, pool=pool, backward_running=backward, buffer_free_tokens=buffer)
 
 
@@ -201,8 +203,9 @@ def test_pool_claim_and_release():
 # --------------------------------------------------------------------------------- property tests
 
 
-def reference_greedy(batch, pool_lengths, model, delta, limit):
-    """Lines 11-22 transcribed literally, pricing every candidate set with LatencyModel.predict."""
+def reference_greedy(batch, pool_lengths, model, delta, limit, safety=1.0):
+    """Lines 11-22 transcribed literally, pricing every candidate set with LatencyModel.predict; the mixed step
+    must fit Δ / safety (safety 1: the paper's rule)."""
     prefill = [r.prefill_tokens for r in batch.scheduled if r.prefill_tokens > 0]
     bd = sum(1 for r in batch.scheduled if r.prefill_tokens == 0)
     kv = sum(r.context_tokens for r in batch.scheduled if r.prefill_tokens == 0)
@@ -213,7 +216,7 @@ def reference_greedy(batch, pool_lengths, model, delta, limit):
     for n in sorted(pool_lengths):
         if sum(chosen) + n > limit:
             break
-        if model.predict(prefill, bd, kv, chosen + [n], E) > delta:
+        if model.predict(prefill, bd, kv, chosen + [n], E) > (delta / safety if safety != 1.0 else delta):
             break
         chosen.append(n)
     return chosen
@@ -244,6 +247,7 @@ def scenario(draw):
         backward=rarely(draw, True, st.just(False)),
         buffer=rarely(draw, draw(st.integers(-5, 0)), st.integers(400, 6000)),
         cap=rarely(draw, draw(st.integers(1, 60)), st.integers(60, 5000)),
+        safety=rarely(draw, 1.0, st.floats(1.0, 2.0)),
     )
 
 
@@ -253,7 +257,7 @@ def test_admission_properties(sc):
     batch, model = sc["batch"], sc["model"]
     pool = pool_of(sc["lengths"])
     d = decide(batch, pool, model=model, mixed=sc["mixed"], backward=sc["backward"], buffer=sc["buffer"],
-               cap=sc["cap"])
+               cap=sc["cap"], safety=sc["safety"])
     tokens = [s.num_tokens for s in d.samples]
     event(d.reason.value)
 
@@ -273,7 +277,7 @@ def test_admission_properties(sc):
     predicted = model.predict(prefill, bd, kv, tokens, E)
     delta = step_budget(batch, SLO, model, mixed_batches=sc["mixed"]).delta
     assert d.delta == delta
-    assert predicted <= delta
+    assert predicted <= (delta / sc["safety"] if sc["safety"] != 1.0 else delta)  # the safety factor is honoured
     assert d.predicted_mixed == predicted  # bit-identical to the estimator
     assert not (not sc["mixed"] and batch.scheduled and not batch.has_prefill)
 
@@ -284,9 +288,10 @@ def test_admitted_set_is_exactly_the_greedy_increasing_length_prefix(sc):
     assume(not sc["backward"] and sc["buffer"] > 0 and sc["lengths"])
     batch, model = sc["batch"], sc["model"]
     assume(sc["mixed"] or not batch.scheduled or batch.has_prefill)
-    d = decide(batch, pool_of(sc["lengths"]), model=model, mixed=sc["mixed"], buffer=sc["buffer"], cap=sc["cap"])
+    d = decide(batch, pool_of(sc["lengths"]), model=model, mixed=sc["mixed"], buffer=sc["buffer"], cap=sc["cap"],
+               safety=sc["safety"])
     delta = step_budget(batch, SLO, model, mixed_batches=sc["mixed"]).delta
-    want = reference_greedy(batch, sc["lengths"], model, delta, min(sc["buffer"], sc["cap"]))
+    want = reference_greedy(batch, sc["lengths"], model, delta, min(sc["buffer"], sc["cap"]), sc["safety"])
     event(f"greedy admits {'none' if not want else 'some'}; stopped by {d.stopped_by}")
     if want is None:
         assert d.reason is AdmissionReason.NO_SLACK and d.samples == ()

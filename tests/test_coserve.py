@@ -249,3 +249,26 @@ def test_rows_the_host_refuses_are_admissible_again(host, dataset: Path, tmp_pat
             else:
                 first = [s.sample_id for s in admitted]
         assert co.buffer.free_tokens == co.job.buffer_tokens
+
+
+def test_admission_safety_follows_measured_over_predicted(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    """Admission's safety is the 0.9 quantile of measured/predicted over recent fine-tuning-carrying steps, clamped
+    to [1, 2], and stays 1 (the paper's rule) until 16 such steps ran or when disabled."""
+    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model())
+    ratios = [0.9 + 0.02 * i for i in range(20)]  # 0.90 .. 1.28
+    for r in ratios[:15]:
+        co._update_safety(r)
+    assert co.admission.safety == 1.0
+    for r in ratios[15:]:
+        co._update_safety(r)
+    # 20 ratios seen, re-sorted at the 16th: 0.9-quantile of the first 16 is index 14 -> 1.18
+    assert co.admission.safety == pytest.approx(sorted(ratios[:16])[14])
+    for _ in range(300):
+        co._update_safety(3.0)  # a host that runs 3x slower than predicted: clamped at 2
+    assert co.admission.safety == 2.0
+    off = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=None)
+    for _ in range(64):
+        off._update_safety(1.5)
+    assert off.admission.safety == 1.0
+    with pytest.raises(ValueError, match="safety_quantile"):
+        CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=1.5)

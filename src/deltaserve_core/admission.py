@@ -30,7 +30,10 @@ The fine-tuning-only step (no scheduled inference) is the same procedure with an
 its predicted inference time is 0 and Δ is capped by the fine-tuning-only budget (see :mod:`.slo`).
 
 Beyond the paper, a model without calibration admits nothing (reason ``not_calibrated``) instead of
-guessing. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
+guessing, and the mixed step is held to Δ / ``safety`` rather than Δ: an unbiased estimator is still wrong by a few
+percent either way, and a walk that fills a step up to Δ exactly turns every under-estimate into a missed
+SLO. ``safety`` (≥ 1, default 1: the paper's rule) is set by the caller; :class:`~deltaserve_core.coserve.CoServer`
+keeps it at an upper quantile of the measured/predicted ratio of recent fine-tuning-carrying steps. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ class Admission:
         self.max_ft_tokens_per_step = max_ft_tokens_per_step
         self.ft_only_budget_s = ft_only_budget_s
         self.decode_mode = decode_mode
+        #: the mixed step must fit Δ / safety (see the module docs); callers raise it from measured errors.
+        self.safety = 1.0
 
     def _deferred_mode(self, batch: ProposedBatch) -> ExecutionMode | None:
         if self.decode_mode is None or self.mixed_batches:
@@ -227,6 +232,7 @@ class Admission:
         # expression, so predictions are bit-identical to LatencyModel.predict on the mixed batch.
         coef = model.eq1_coefficients(ExecutionMode.EAGER)
         a, b, g, e, c, d, z, h = coef  # type: ignore[misc]
+        fit_within = delta / self.safety if self.safety != 1.0 else delta
         ekv = e * kv
         # Every candidate below has at least one sample, so the co-serving terms are a constant of the walk;
         # eq1_time adds them last, as one parenthesised sum, and so does the walk (bit-identical results).
@@ -250,14 +256,14 @@ class Admission:
             lo, hi = 0, fits_buffer  # cost with lo samples is known to fit (lo = 0: the state before the block)
             # rows with j more samples: rows + j (the j-th sample is one more row)
             if hi and a * s_pre[hi] + b * (t_lin + f_pre[hi]) + g * f_pre[hi] + ekv + d * (rows + hi) + c + co \
-                    <= delta:
+                    <= fit_within:
                 lo = hi
             else:
                 hi -= 1  # the largest count still in question
                 while lo < hi:  # line 17: largest count whose mixed step stays within Δ
                     mid = (lo + hi + 1) >> 1
                     if a * s_pre[mid] + b * (t_lin + f_pre[mid]) + g * f_pre[mid] + ekv + d * (rows + mid) + c \
-                            + co <= delta:
+                            + co <= fit_within:
                         lo = mid
                     else:
                         hi = mid - 1
@@ -275,7 +281,7 @@ class Admission:
             room = limit - tokens
             if per_token > 0:
                 now_cost = a * sum_sq + b * (t_lin + tokens) + g * tokens + ekv + d * rows + c + co
-                room = min(room, int((delta - now_cost) / per_token) + 1)
+                room = min(room, int((fit_within - now_cost) / per_token) + 1)
             block_size = max(1, room // lens[-1] + 1)
 
         if not admitted:

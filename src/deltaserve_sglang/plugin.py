@@ -1,0 +1,164 @@
+"""The ``sglang.srt.plugins`` entry point: registers DeltaServe's hooks in every SGLang process that loads plugins.
+
+SGLang calls :func:`register` from ``sglang.srt.plugins.load_plugins()`` (engine, scheduler and detokenizer
+processes) and then ``HookRegistry.apply_hooks()``. Registering is cheap and idempotent and imports only SGLang's
+hook registry. Every hook passes straight through unless the scheduler carries a DeltaServe
+:class:`~deltaserve_sglang.binding.Binding`, so installing this package changes nothing for SGLang deployments
+that do not enable DeltaServe.
+
+SGLang *logs and carries on* when a hook fails to apply (``HookRegistry.apply_hooks`` catches the exception), so
+the adapter never trusts registration: :func:`verify_hooks` checks that every target is wrapped by our hook and
+the host refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["HOOKS", "STREAMERS", "HooksNotLiveError", "install_layer_capture", "register", "verify_hooks"]
+
+#: id(SchedulerOutputStreamer) -> Binding of its scheduler, for the streamers DeltaServe is attached to.
+STREAMERS: dict[int, Any] = {}
+
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+
+
+def _binding(scheduler: Any):
+    return getattr(scheduler, "_deltaserve", None)
+
+
+def _get_next_batch_to_run(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    b = _binding(self)
+    if b is None:
+        return original(self, *args, **kwargs)
+    return b.around_get_next_batch(original, self, *args, **kwargs)
+
+
+def _run_batch(original: Callable[..., Any], self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    b = _binding(self)
+    if b is None:
+        return original(self, batch, *args, **kwargs)
+    return b.around_run_batch(original, self, batch, *args, **kwargs)
+
+
+def _process_batch_result(original: Callable[..., Any], self: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    b = _binding(self)
+    if b is None:
+        return original(self, batch, *args, **kwargs)
+    return b.around_process_batch_result(original, self, batch, *args, **kwargs)
+
+
+def _stream_output(original: Callable[..., Any], self: Any, reqs: Any, *args: Any, **kwargs: Any) -> Any:
+    # The streamer has no back-reference to its scheduler (and takes no new attributes): the host registers it.
+    b = STREAMERS.get(id(self))
+    if b is None:
+        return original(self, reqs, *args, **kwargs)
+    return original(self, b.filter_stream(reqs), *args, **kwargs)
+
+
+def _run_event_loop(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    # The operator path (deltaserve_sglang.serving): attach in SGLang's scheduler process before its loop starts,
+    # when the environment names a job. Schedulers DeltaServe already drives (the driver path) never get here.
+    from .serving import start_serving
+
+    runtime = start_serving(self) if _binding(self) is None else None
+    try:
+        return original(self, *args, **kwargs)
+    finally:
+        if runtime is not None:
+            runtime.stop()
+
+
+#: target -> hook (all AROUND). Also the patch record's list (docs/sglang-adapter.md).
+HOOKS: dict[str, Callable[..., Any]] = {
+    f"{_SCHED}.get_next_batch_to_run": _get_next_batch_to_run,
+    f"{_SCHED}.run_batch": _run_batch,
+    f"{_SCHED}.process_batch_result": _process_batch_result,
+    f"{_SCHED}.run_event_loop": _run_event_loop,
+    f"{_STREAMER}.stream_output": _stream_output,
+}
+
+_registered = False
+
+
+def register() -> None:
+    """Entry point of ``sglang.srt.plugins``: register every hook once per process (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for target, hook in HOOKS.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
+    _registered = True
+
+
+class HooksNotLiveError(RuntimeError):
+    """A DeltaServe hook is not applied to its SGLang target (SGLang logged the failure and went on)."""
+
+
+def _is_wrapped_by(fn: Any, hook: Callable[..., Any]) -> bool:
+    # HookRegistry's AROUND wrapper calls ``hook(original, ...)`` from a closure and sets __wrapped__.
+    seen = 0
+    while fn is not None and seen < 16:
+        closure = getattr(fn, "__closure__", None) or ()
+        if any(getattr(c, "cell_contents", None) is hook for c in closure):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False
+
+
+def verify_hooks() -> None:
+    """Raise :class:`HooksNotLiveError` unless every hook in :data:`HOOKS` wraps its target in this process."""
+    missing = []
+    for target, hook in HOOKS.items():
+        owner_path, attr = target.rsplit(".", 1)
+        module_path, cls_name = owner_path.rsplit(".", 1)
+        try:
+            owner = getattr(importlib.import_module(module_path), cls_name)
+            fn = owner.__dict__.get(attr)
+        except Exception as exc:  # noqa: BLE001  (the target moved: same outcome as a failed apply)
+            missing.append(f"{target} ({type(exc).__name__}: {exc})")
+            continue
+        if fn is None or not _is_wrapped_by(fn, hook):
+            missing.append(target)
+    if missing:
+        raise HooksNotLiveError(
+            "DeltaServe's SGLang hooks are not applied to: " + ", ".join(missing) + ". SGLang logs a failed hook and "
+            "carries on, so DeltaServe refuses to run. Check that the `deltaserve` plugin is installed (entry point "
+            "group sglang.srt.plugins), that SGLANG_PLUGINS (if set) includes `deltaserve`, and that the installed "
+            "SGLang is a supported version (deltaserve_sglang.versions)")
+
+
+def install_layer_capture(model: Any, binding: Any) -> int:
+    """Pass a ``capture_output`` callback to every decoder layer; returns the number of layers.
+
+    SGLang's Llama-family decoder layers take ``capture_output`` (the EAGLE3 auxiliary-hidden-state path) and call
+    it with the layer's residual-stream input once the pending residual add is done; the ``hidden_states``
+    argument itself may be an un-added partial ("owed output"), so reading it in a pre-hook would be wrong.
+    """
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise RuntimeError(f"{type(model).__name__} has no model.layers; deltaserve_sglang supports Llama-family "
+                           "decoder-only models")
+
+    def pre_hook(layer: int, module: Any, args: tuple, kwargs: dict) -> tuple | None:
+        if binding.plan is None or not binding._rows or kwargs.get("capture_output") is not None:
+            return None
+        kwargs = dict(kwargs)
+        kwargs["capture_output"] = functools.partial(_capture, binding, layer)
+        return args, kwargs
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(functools.partial(pre_hook, i), with_kwargs=True)
+    return len(layers)
+
+
+def _capture(binding: Any, layer: int, hidden: Any, *, owned: bool = False) -> None:
+    binding.capture(layer, hidden)

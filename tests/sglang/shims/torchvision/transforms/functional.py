@@ -1,0 +1,9 @@
+"""Stub (see torchvision/__init__.py)."""
+
+from .._stub import InterpolationMode, missing
+
+__all__ = ["InterpolationMode"]
+
+
+def __getattr__(name: str):
+    return missing("torchvision.transforms.functional", name)

@@ -1,0 +1,246 @@
+"""The SGLang host: the conformance suite against SGLang's real CPU engine, plus behaviour the suite does not pin.
+
+One engine (an in-process SGLang scheduler) serves the whole module. Skipped where SGLang is not installed;
+``scripts/test_sglang.sh`` builds the environment and sets DELTASERVE_REQUIRE_ENGINES, so there a missing SGLang
+fails (tests/sglang/conftest.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+
+import pytest
+from deltaserve_conformance import ConformanceEnv, HostConformanceTests, Recorder
+from deltaserve_conformance.harness import make_prompts, make_samples
+
+from deltaserve_core.types import FineTuneSample, ProposedBatch
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+needs_sglang = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed (bash scripts/setup_sglang.sh)")
+
+
+@pytest.fixture(scope="module")
+def deltaserve_conformance_env(cache_dir) -> Iterator[ConformanceEnv]:
+    if not HAVE_SGLANG:
+        pytest.skip("SGLang is not installed")
+    from deltaserve_conformance.plugin import build_env
+
+    env = build_env("deltaserve_sglang.host:SglangHost", cache_dir=cache_dir / "conformance")
+    yield env
+    env.host.shutdown()  # type: ignore[attr-defined]
+
+
+@needs_sglang
+class TestSglangConformance(HostConformanceTests):
+    """Every conformance check, against SGLang's CPU engine."""
+
+
+def _inject_once(samples: list[FineTuneSample], *, empty: bool = False):
+    fired: list[int] = []
+
+    def inject(batch: ProposedBatch):
+        if not fired and (batch.is_empty if empty else batch.has_prefill):
+            fired.append(batch.step_id)
+            return samples
+        return ()
+
+    return inject, fired
+
+
+@needs_sglang
+def test_hooks_are_live_and_a_missing_hook_is_refused(deltaserve_conformance_env: ConformanceEnv,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang logs a hook that failed to apply and carries on; the adapter checks and refuses instead."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from deltaserve_sglang import plugin
+
+    plugin.verify_hooks()  # the live engine's hooks
+    unwrapped = Scheduler.__dict__["run_batch"].__wrapped__
+    monkeypatch.setattr(Scheduler, "run_batch", unwrapped)
+    with pytest.raises(plugin.HooksNotLiveError, match="Scheduler.run_batch"):
+        plugin.verify_hooks()
+
+
+@needs_sglang
+def test_same_sample_twice_is_recomputed_not_read_from_the_radix_cache(
+        deltaserve_conformance_env: ConformanceEnv) -> None:
+    """A fine-tuning row never reads the radix cache: a repeated sample runs (and is captured) in full."""
+    env = deltaserve_conformance_env
+    long = make_samples(env, 1, lengths=[40], seed=41, first_id=700)[0]
+    again = FineTuneSample(701, long.input_ids, long.loss_mask)
+    for sample in (long, again):
+        inject, _ = _inject_once([sample], empty=True)
+        rec = Recorder(inject=inject)
+        env.install(rec)
+        assert env.host.run_idle_step()  # type: ignore[attr-defined]
+        assert rec.records[-1].finetune_lengths == (40,)
+        assert all(t.shape[0] == 40 for _, _, _, t in rec.captures)
+    env.install(None)
+
+
+@needs_sglang
+def test_a_client_prompt_equal_to_a_sample_is_not_served_from_its_kv(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """KV left by a fine-tuning row (reserved adapter, own radix namespace) never serves a client request."""
+    from deltaserve_core.driver import ClientRequest
+
+    env = deltaserve_conformance_env
+    sample = make_samples(env, 1, lengths=[24], seed=42, first_id=710)[0]
+    request = ClientRequest("same-prompt", sample.input_ids, 4)
+    baseline = env.run([request])
+    inject, _ = _inject_once([sample], empty=True)
+    env.install(Recorder(inject=inject))
+    assert env.host.run_idle_step()  # type: ignore[attr-defined]
+    env.install(None)
+    sched = env.host._sched  # type: ignore[attr-defined]
+    outputs = env.run([ClientRequest("same-prompt-2", sample.input_ids, 4)])
+    assert outputs[0].token_ids == baseline[0].token_ids
+    assert sched is env.host._sched  # type: ignore[attr-defined]
+
+
+@needs_sglang
+def test_idle_step_without_samples_runs_nothing(deltaserve_conformance_env: ConformanceEnv) -> None:
+    env = deltaserve_conformance_env
+    rec = Recorder()
+    env.install(rec)
+    assert env.host.run_idle_step() is False  # type: ignore[attr-defined]
+    env.install(None)
+    assert len(rec.batches) == 1 and rec.batches[0].is_empty
+    assert rec.records == []
+
+
+def test_unsupported_sglang_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltaserve_sglang import versions
+
+    monkeypatch.setattr(versions.md, "version", lambda dist: "0.5.24")
+    with pytest.raises(versions.UnsupportedSglangError, match=r"sglang==0.5.24 is not supported.*sglang==0.5.23"):
+        versions.check_supported_sglang()
+
+
+def test_missing_sglang_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata as md
+
+    from deltaserve_sglang import versions
+
+    def missing(dist: str) -> str:
+        raise md.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(versions.md, "version", missing)
+    with pytest.raises(versions.UnsupportedSglangError, match="setup_sglang.sh"):
+        versions.check_supported_sglang()
+
+
+def test_spec_and_plugin_import_no_sglang() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from deltaserve_sglang.spec import SPEC; import deltaserve_sglang.plugin; "
+            "assert SPEC.name == 'sglang'; assert 'sglang' not in sys.modules, 'SGLang imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shims_are_never_imported_by_the_product() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "src" / "deltaserve_sglang"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        for shim in ("sgl_kernel", "deltaserve_pin_memory_shim", "torchvision"):
+            assert f"import {shim}" not in text and f"from {shim}" not in text, f"{path.name} imports {shim}"
+
+
+def _check_captures(env: ConformanceEnv, rec: Recorder, samples: list[FineTuneSample]) -> None:
+    from deltaserve_conformance.checks import _reference_layer_inputs
+
+    for s in samples:
+        ref = _reference_layer_inputs(env, s.input_ids)
+        got = {layer: t for _, layer, sid, t in rec.captures if sid == s.sample_id}
+        assert sorted(got) == list(range(len(ref))), f"sample {s.sample_id}: layers captured {sorted(got)}"
+        for layer, t in got.items():
+            err = (t - ref[layer]).abs().max().item()
+            assert err <= env.tolerance * (1.0 + ref[layer].abs().max().item()), (s.sample_id, layer, err)
+
+
+@needs_sglang
+@pytest.mark.parametrize("kind", ["decode", "mixed"])
+def test_rows_join_decode_and_mixed_steps_with_exact_captures(deltaserve_conformance_env: ConformanceEnv,
+                                                             kind: str) -> None:
+    """Rows offered for a pure decode step (SGLang's mix_with_running path) or for a step SGLang itself mixed
+    (prefill + decodes, --enable-mixed-chunk) run in that step, with layer inputs equal to a PEFT forward, and
+    leave the client outputs unchanged."""
+    env = deltaserve_conformance_env
+    assert env.host.capabilities().mixed_batches  # type: ignore[attr-defined]
+    samples = make_samples(env, 2, lengths=[6, 11], seed=50 + len(kind), first_id=800 + 10 * len(kind))
+    fired: list[int] = []
+
+    def inject(batch: ProposedBatch):
+        want = (batch.num_decode > 0 and not batch.has_prefill) if kind == "decode" else (
+            batch.num_decode > 0 and batch.has_prefill)
+        if not fired and want:
+            fired.append(batch.step_id)
+            return samples
+        return ()
+
+    from deltaserve_core.driver import ClientRequest
+
+    first = make_prompts(env, 2, seed=60, max_tokens=6)
+    late = [ClientRequest("late-0", make_prompts(env, 1, seed=61)[0].prompt_ids, 3)]
+    baseline = _run_with_late_arrival(env, first, late)
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    outputs = _run_with_late_arrival(env, first, late)
+    env.install(None)
+    assert fired, f"no {kind} step was offered"
+    record = rec.record_for(fired[0])
+    assert sorted(record.finetune_sample_ids) == [s.sample_id for s in samples] and not record.aborted_sample_ids
+    assert (record.num_decode > 0, bool(record.prefill_lengths)) == (True, kind == "mixed")
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
+    _check_captures(env, rec, samples)
+
+
+def _run_with_late_arrival(env: ConformanceEnv, first, late):
+    """Serve ``first``; submit ``late`` once they decode, so a later step mixes its prefill with their decodes."""
+    host = env.host
+    for r in first:
+        host.submit(r)  # type: ignore[attr-defined]
+    outputs, steps = [], 0
+    while host.has_unfinished() or steps == 0:  # type: ignore[attr-defined]
+        outputs += host.step()  # type: ignore[attr-defined]
+        steps += 1
+        if steps == 3:
+            for r in late:
+                host.submit(r)  # type: ignore[attr-defined]
+    return sorted(outputs, key=lambda o: o.request_id)
+
+
+@needs_sglang
+def test_every_offered_sample_runs_in_its_step_or_is_reported_aborted(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """Samples offered for every step, more than one step can take: each one is accounted for in the record of
+    the very step it was offered for (ran or aborted), never dropped, never run later."""
+    env = deltaserve_conformance_env
+    offered: dict[int, list[int]] = {}
+    counter = iter(range(900, 90_000))
+
+    def inject(batch: ProposedBatch):
+        # Alternating small and over-budget offers: the over-budget ones must come back aborted.
+        n = 2 if batch.step_id % 2 else 1
+        length = 12 if batch.step_id % 3 else env.host.capabilities().max_finetune_tokens_per_step  # type: ignore
+        samples = make_samples(env, n, lengths=[length] * n, seed=next(counter), first_id=next(counter) * 10)
+        offered[batch.step_id] = [s.sample_id for s in samples]
+        return samples
+
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    env.run(make_prompts(env, 4, seed=70, max_tokens=5))
+    env.install(None)
+    by_step = {r.step_id: r for r in rec.real_records()}
+    aborted = 0
+    for step_id, ids in offered.items():
+        r = by_step.get(step_id)
+        assert r is not None, f"step {step_id} was offered samples {ids} but reported nothing"
+        assert sorted(r.finetune_sample_ids + r.aborted_sample_ids) == sorted(ids), (step_id, r)
+        aborted += len(r.aborted_sample_ids)
+    assert aborted, "no offer exceeded the budget: the check did not exercise refusal"
+    ran = [i for r in by_step.values() for i in r.finetune_sample_ids]
+    assert len(ran) == len(set(ran))

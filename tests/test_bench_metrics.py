@@ -1,0 +1,174 @@
+"""Metrics on hand-computed inputs, and the policies' admission rules on fixed latency models."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from deltaserve_core.admission import Admission, InMemoryPool
+from deltaserve_core.bench.metrics import (
+    RequestResult,
+    StepSample,
+    SystemRun,
+    percentile,
+    summarize,
+    timeline,
+    write_results,
+)
+from deltaserve_core.bench.policies import (
+    IdleOnlyAdmission,
+    LLMStationAdmission,
+    PredictionLog,
+    ShapeCacheLatency,
+)
+from deltaserve_core.latency_model import (
+    DecodeCoefficients,
+    LatencyModel,
+    PrefillCoefficients,
+)
+from deltaserve_core.slo import SLOConfig
+from deltaserve_core.types import (
+    ExecutionMode,
+    FineTuneSample,
+    ProposedBatch,
+    ScheduledRequest,
+    StepRecord,
+)
+
+
+def _req(rid: str, arrival: float, times: tuple[float, ...]) -> RequestResult:
+    return RequestResult(rid, arrival, 10, len(times), times)
+
+
+def test_request_latencies_and_slo() -> None:
+    r = _req("a", 1.0, (1.5, 1.6, 1.9))
+    assert r.ttft_s == pytest.approx(0.5)
+    assert r.tpots_s == pytest.approx((0.1, 0.3))
+    assert r.e2e_s == pytest.approx(0.9)
+    assert r.meets(0.5, 0.3) and not r.meets(0.4, 0.3) and not r.meets(0.5, 0.25)
+    assert not r.meets(0.5, 0.3, avg_tpot_s=0.15) and r.meets(0.5, 0.3, avg_tpot_s=0.2)
+
+
+def test_summary_on_known_run() -> None:
+    reqs = [_req("a", 0.0, (0.2, 0.3)), _req("b", 1.0, (1.1, 1.2, 1.3)), _req("c", 2.0, (3.0, 3.1))]
+    steps = [StepSample(0.0, 0.2, True, 0, "eager", 0.25), StepSample(0.5, 0.1, False, 64, "eager", 0.1),
+             StepSample(1.0, 0.5, True, 32, "graph", math.nan)]
+    run = SystemRun("x", 10.0, reqs, ft_steps=[(2.0, 300), (9.0, 200), (11.0, 999)], steps=steps)
+    s = summarize(run, ttft_s=0.5, tpot_s=0.15, dedicated_ft_tok_s=100.0, idle_fraction=0.8)
+    assert s["finetune_tokens"] == 500  # the step completing after the window is not counted
+    assert s["finetune_tokens_per_s"] == pytest.approx(50.0)
+    assert s["inference_tokens_per_s"] == pytest.approx(0.7)
+    assert s["slo_attainment"] == pytest.approx(2 / 3)  # c's TTFT is 1.0 s
+    assert s["mean_e2e_s"] == pytest.approx((0.3 + 0.3 + 1.1) / 3)
+    assert s["p95_e2e_s"] == pytest.approx(percentile([0.3, 0.3, 1.1], 95))
+    assert s["estimator_error"] == pytest.approx((0.25 + 0.0) / 2)
+    assert s["harvest"] == pytest.approx(50.0 / (100.0 * 0.8))
+    assert s["inference_busy_fraction"] == pytest.approx(0.07)
+    # step 1 priced 0.25 for 0.2 (inference only), step 2 exact (fine-tuning only), step 3 unpriced but mixed
+    assert s["estimator_signed_error_by_kind"] == {"inference_only": {"mean": pytest.approx(0.25), "steps": 1},
+                                                   "finetune_only": {"mean": pytest.approx(0.0), "steps": 1}}
+    assert s["inference_steps_over_tpot"] == 2 and s["inference_steps_over_tpot_with_finetune"] == 1
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+
+
+def test_timeline_conserves_fine_tuning_tokens_and_tracks_slo() -> None:
+    reqs = [_req("a", 0.5, (0.6, 0.7)), _req("b", 3.5, (5.0, 5.1))]
+    run = SystemRun("x", 6.0, reqs, ft_steps=[(2.0, 100), (5.0, 60)])
+    tl = timeline(run, bin_s=1.0, ttft_s=1.0, tpot_s=1.0, slo_window_s=2.0)
+    assert sum(tl["ft_tok_s"]) == pytest.approx(160)
+    assert tl["ft_tok_s"][0] == pytest.approx(50) and tl["ft_tok_s"][3] == pytest.approx(20)
+    assert sum(tl["inference_tok_s"]) == 4
+    assert tl["rolling_slo"][0] == 1.0 and math.isnan(tl["rolling_slo"][2]) and tl["rolling_slo"][3] == 0.0
+
+
+def test_write_results(tmp_path: Path) -> None:
+    result = {"systems": {"a": {"system": "a", "x": 1.0, "y": math.nan, "d": {"k": 1}}}}
+    rows = [{"system": "a", "request_id": "r", "ttft_s": 0.1}]
+    paths = write_results(tmp_path, "s", result, rows)
+    assert json.loads(paths["json"].read_text())["systems"]["a"]["y"] is None
+    assert list(csv.DictReader(open(paths["summary_csv"]))) == [{"system": "a", "x": "1.0", "y": "nan"}]
+    assert list(csv.DictReader(open(paths["requests_csv"])))[0]["request_id"] == "r"
+
+
+# -------------------------------------------------------------------------------------------- policies
+
+
+def _model() -> LatencyModel:
+    m = LatencyModel()
+    m.set_coefficients(ExecutionMode.EAGER, prefill=PrefillCoefficients(0.0, 1e-3, 1e-3, 0.0, 1e-2),
+                       decode=DecodeCoefficients(1e-3, 0.0, 1e-2))
+    return m
+
+
+def _pool(n: int = 20, length: int = 10) -> InMemoryPool:
+    return InMemoryPool([FineTuneSample(i, tuple(range(1, length + 1)), (False,) + (True,) * (length - 1))
+                         for i in range(n)])
+
+
+def _decode_batch(step: int, now: float = 100.0) -> ProposedBatch:
+    reqs = tuple(ScheduledRequest(f"r{i}", 90.0, 0, 50, 3, 95.0, now) for i in range(4))
+    return ProposedBatch(step, now, reqs)
+
+
+def _prefill_batch(step: int, now: float = 100.0) -> ProposedBatch:
+    return ProposedBatch(step, now, (ScheduledRequest("p", now, 32),))
+
+
+def test_shape_cache_interpolates_and_pools_modes() -> None:
+    c = ShapeCacheLatency()
+    assert c.predict(4, 10) is None
+    for mode, d in ((ExecutionMode.GRAPH, 0.01), (ExecutionMode.EAGER, 0.03)):
+        c.observe(StepRecord(0, 0.0, d, mode, num_decode=4))
+    c.observe(StepRecord(1, 0.0, 0.1, ExecutionMode.EAGER, num_decode=4, finetune_sample_ids=(1,),
+                         finetune_lengths=(64,)))
+    assert c.predict(4, 0) == pytest.approx(0.02)  # graph and eager in one entry
+    assert c.predict(3, 0) == pytest.approx(0.02)  # 3 decodes share the 4-bucket
+    assert c.predict(4, 32) == pytest.approx(0.02 + 0.08 * 32 / 64)
+    assert c.predict(4, 128) == pytest.approx(0.1 + 0.08 * 64 / 64)
+    assert c.predict(64, 64) == pytest.approx(0.1)  # nearest decode bucket answers
+
+
+def test_llmstation_admits_only_into_decode_steps_within_the_tpot_budget() -> None:
+    cache = ShapeCacheLatency()
+    cache.observe(StepRecord(0, 0.0, 0.01, ExecutionMode.GRAPH, num_decode=4))
+    cache.observe(StepRecord(1, 0.0, 0.05, ExecutionMode.EAGER, num_decode=4, finetune_sample_ids=(1,),
+                             finetune_lengths=(64,)))
+    adm = LLMStationAdmission(_model(), SLOConfig(1.0, 0.03), max_ft_tokens_per_step=1000, cache=cache)
+    pool = _pool()
+    assert not adm.decide(_prefill_batch(1), pool=pool, backward_running=False, buffer_free_tokens=999).samples
+    assert not adm.decide(ProposedBatch(2, 0.0, ()), pool=pool, backward_running=False,
+                          buffer_free_tokens=999).samples
+    d = adm.decide(_decode_batch(3), pool=pool, backward_running=False, buffer_free_tokens=999)
+    # 0.01 + 0.04 * t/64 <= 0.03 -> t <= 32 tokens, buckets round up: 30 tokens -> bucket 32 fits, 40 -> 64 not
+    assert [s.sample_id for s in d.samples] == [0, 1, 2]
+    assert len(pool) == 17
+    # the static budget ignores that the batch's requests already waited since their last token
+    late = _decode_batch(4, now=95.0 + 0.029)
+    assert adm.decide(late, pool=pool, backward_running=False, buffer_free_tokens=999).samples
+
+
+def test_idle_only_admits_nothing_next_to_inference() -> None:
+    slo = SLOConfig(1.0, 0.5)
+    adm = IdleOnlyAdmission(Admission(_model(), slo, mixed_batches=True, max_ft_tokens_per_step=100))
+    pool = _pool()
+    assert not adm.decide(_decode_batch(1), pool=pool, backward_running=False, buffer_free_tokens=999).samples
+    assert not adm.decide(_prefill_batch(2), pool=pool, backward_running=False, buffer_free_tokens=999).samples
+    full = Admission(_model(), slo, mixed_batches=True, max_ft_tokens_per_step=100)
+    assert full.decide(_decode_batch(3), pool=_pool(), backward_running=False, buffer_free_tokens=999).samples
+    d = adm.decide(ProposedBatch(4, 100.0, ()), pool=pool, backward_running=False, buffer_free_tokens=999)
+    assert d.samples and d.predicted_mixed == pytest.approx(_model().predict((), 0, 0, [10] * len(d.samples)))
+
+
+def test_prediction_log_keeps_what_the_policy_acted_on() -> None:
+    model = _model()
+    log = PredictionLog(Admission(model, SLOConfig(1.0, 0.5), mixed_batches=True, max_ft_tokens_per_step=30),
+                        lambda b: -1.0)
+    d = log.decide(_decode_batch(7), pool=_pool(), backward_running=False, buffer_free_tokens=999)
+    assert log.pop(7) == (pytest.approx(d.predicted_mixed), 3)
+    log.decide(_decode_batch(8), pool=_pool(), backward_running=True, buffer_free_tokens=999)
+    assert log.pop(8) == (-1.0, 0)  # admission stopped early: the estimator prices the inference batch
+    assert log.pop(8) is None

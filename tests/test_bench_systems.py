@@ -1,0 +1,129 @@
+"""Every benchmarked system runs on the reference host with a tiny model, on the same replayed arrivals, and the
+policies leave their fingerprints in where fine-tuning rows went. Plus a CLI smoke test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deltaserve_core.bench import SYSTEMS
+from deltaserve_core.bench.lengths import LengthTable
+from deltaserve_core.bench.runner import BenchConfig, run_bench
+from deltaserve_core.latency_model import (
+    DecodeCoefficients,
+    LatencyModel,
+    PrefillCoefficients,
+)
+from deltaserve_core.types import ExecutionMode
+
+_TOPICS = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    records = [{"instruction": f"Write one sentence about {t}.", "input": "",
+                "output": f"Here is a short sentence about {t}, written plainly."} for t in _TOPICS * 4]
+    path = tmp_path_factory.mktemp("bench-data") / "train.json"
+    path.write_text(json.dumps(records))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bench-trace") / "trace.csv"
+    rows = ["timestamp,prompt_tokens,output_tokens"]
+    rows += [f"{1000 + 0.3 * i:.2f},{12 + 3 * i},{3 + i % 3}" for i in range(7)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _model() -> LatencyModel:
+    # Generous fixed coefficients: the test is about each system's mechanics, not pricing.
+    m = LatencyModel()
+    m.set_coefficients(ExecutionMode.EAGER, prefill=PrefillCoefficients(1e-9, 2e-5, 2e-5, 1e-9, 2e-3),
+                       decode=DecodeCoefficients(1e-4, 1e-9, 2e-3))
+    return m
+
+
+@pytest.fixture(scope="module")
+def bench_result(tiny_model: Path, dataset: Path, trace_file: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # One run shared by the tests below: each system spawns its own backward (or trainer) process, which is most
+    # of the time; the tests only read different parts of the same result.
+    cfg = BenchConfig(host="reference", model=str(tiny_model), trace=str(trace_file), duration_s=None,
+                      ttft_s=5.0, tpot_s=2.0, dataset=str(dataset), ft_max_length=64, buffer_tokens=512,
+                      backward_batch_tokens=96, dedicated_s=1.5, out_dir=str(tmp_path_factory.mktemp("bench-out")),
+                      stem="t", progress=False)
+    return run_bench(cfg, latency_model=_model(), lengths=LengthTable(((8, 2),), "unused"))
+
+
+@pytest.mark.slow
+def test_every_system_serves_the_same_arrivals(bench_result: dict) -> None:
+    s = bench_result["systems"]
+    assert list(s) == list(SYSTEMS)
+    for name, row in s.items():
+        assert row["requests"] == 7, name
+        assert row["inference_tokens_per_s"] > 0, name
+
+
+@pytest.mark.slow
+def test_each_policy_leaves_its_fingerprint(bench_result: dict) -> None:
+    s = bench_result["systems"]
+    assert s["bare"]["finetune_tokens"] == 0 and s["bare"]["ft_forward_tokens_alone"] == 0
+    assert s["deltaserve"]["finetune_forward_tokens"] > 0
+    io = s["idle_only"]
+    assert io["ft_forward_tokens_with_prefill"] == 0 and io["ft_forward_tokens_with_decode_only"] == 0
+    assert io["ft_forward_tokens_alone"] > 0
+    ls = s["llmstation"]
+    assert ls["ft_forward_tokens_alone"] == 0 and ls["ft_forward_tokens_with_prefill"] == 0
+    assert s["no_interrupt"]["aborted_samples"] == 0
+    assert s["split_pool"]["optimizer_steps"] > 0 and s["split_pool"]["finetune_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_harvest_inputs_and_files(bench_result: dict) -> None:
+    result = bench_result
+    assert result["dedicated"]["finetune_tokens_per_s"] > 0
+    assert result["dedicated"]["backward_threads"] >= 1
+    assert 0 < result["bare_idle_fraction"] <= 1
+    for key in ("json", "summary_csv", "requests_csv", "png"):
+        assert Path(result["files"][key]).is_file(), key
+    saved = json.loads(Path(result["files"]["json"]).read_text())
+    assert saved["trace"]["requests"] == 7 and set(saved["timelines"]) == set(SYSTEMS)
+
+
+def test_auto_slo_is_tight_relative_to_the_worst_step() -> None:
+    from deltaserve_core.bench.runner import auto_slo
+
+    m = _model()
+    ttft, tpot, why = auto_slo(m, max_prompt=64, max_output=8, max_batch_tokens=256, max_running=4)
+    worst = m.predict([64] * 4, 4, 4 * (64 + 4), (), ExecutionMode.EAGER)
+    assert tpot == pytest.approx(1.5 * worst) and ttft == pytest.approx(tpot * 10 / 3)
+    assert "1.5 x" in why
+
+
+def test_cli_bench_smoke(tiny_model: Path, trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from deltaserve_core.cli import main
+
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("prompt_tokens,output_tokens\n10,3\n")
+    rc = main(["bench", "--host", "reference", "--model", str(tiny_model), "--trace", str(trace_file),
+               "--systems", "bare", "--duration", "0", "--lengths", str(lengths), "--ttft", "5", "--tpot", "2",
+               "--dedicated", "0", "--out", str(tmp_path), "--name", "cli", "--no-progress", "--no-plot"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "bare" in out and (tmp_path / "cli.json").is_file() and (tmp_path / "cli_summary.csv").is_file()
+    assert main(["bench", "--systems", "nonsense", "--no-progress"]) == 2
+
+
+def test_cpu_backward_threads_leave_the_host_its_threads() -> None:
+    import os
+
+    import torch
+
+    from deltaserve_core.bench.runner import cpu_backward_threads
+
+    cores = len(os.sched_getaffinity(0))
+    assert cpu_backward_threads() == max(1, cores - torch.get_num_threads())
