@@ -419,10 +419,15 @@ class BackwardProcess:
             self._proc.join(5.0)
 
     def close(self) -> None:
-        """Stop the child and free the control words (the buffer belongs to the controller)."""
+        """Stop the child, free the control words (the buffer belongs to the controller) and drop the base model:
+        on a GPU it is a second copy of the weights, which a process that co-serves several jobs one after the
+        other (the benchmarks do) would otherwise keep per job until it runs out of memory."""
         self.stop()
         self._control.close()
         self.grant.close()
+        self.model = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def restart(self, *, reset_buffer: bool = True, timeout: float = 300.0) -> Checkpoint | None:
         """Replace a dead or hung child with a fresh one resumed from the newest checkpoint.
