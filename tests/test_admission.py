@@ -212,11 +212,14 @@ def reference_greedy(batch, pool_lengths, model, delta, limit, safety=1.0):
     # an empty batch is a fine-tuning-only step: no inference cost (predict_batch would price 0 decodes at c′)
     if batch.scheduled and model.predict_batch(batch) > delta:
         return None
+    bound = delta
+    if batch.scheduled:  # fine-tuning rows lengthen a step with inference by at most the TPOT SLO
+        bound = min(delta, model.predict_batch(batch) + SLO.tpot_s)
     chosen: list[int] = []
     for n in sorted(pool_lengths):
         if sum(chosen) + n > limit:
             break
-        if model.predict(prefill, bd, kv, chosen + [n], E) > (delta / safety if safety != 1.0 else delta):
+        if model.predict(prefill, bd, kv, chosen + [n], E) > (bound / safety if safety != 1.0 else bound):
             break
         chosen.append(n)
     return chosen
@@ -333,3 +336,20 @@ def test_row_cost_favours_fewer_rows():
 def test_nan_free_decision_fields_when_delta_computed():
     d = decide(make_batch([prefill_req("p", 0.1)]), pool_of([10, 20]))
     assert not math.isnan(d.delta) and not math.isnan(d.predicted_inference)
+
+
+def test_fine_tuning_lengthens_a_step_by_at_most_the_ft_only_budget():
+    """A fresh prompt has ~1 s of TTFT slack, but a request arriving while its step runs waits for all of it: the
+    rows admitted may add at most the fine-tuning-only budget (the TPOT SLO) to the step; the paper's rule
+    (cap_extension=False) fills the step up to Δ."""
+    batch = make_batch([prefill_req("p", 0.0, n=64)])
+    lengths = [200] * 400
+    capped = decide(batch, pool_of(lengths))
+    paper = decide(batch, pool_of(lengths), cap_extension=False)
+    assert capped.samples and paper.samples
+    assert capped.predicted_mixed <= capped.predicted_inference + SLO.tpot_s
+    assert paper.predicted_mixed > paper.predicted_inference + SLO.tpot_s  # the scenario is one the cap changes
+    assert paper.predicted_mixed <= paper.delta and len(paper.samples) > len(capped.samples)
+    # a tighter fine-tuning-only budget tightens the cap too
+    tight = decide(batch, pool_of(lengths), ft_only_budget_s=0.05)
+    assert tight.predicted_mixed <= tight.predicted_inference + 0.05 and len(tight.samples) < len(capped.samples)

@@ -33,7 +33,15 @@ Beyond the paper, a model without calibration admits nothing (reason ``not_calib
 guessing, and the mixed step is held to Δ / ``safety`` rather than Δ: an unbiased estimator is still wrong by a few
 percent either way, and a walk that fills a step up to Δ exactly turns every under-estimate into a missed
 SLO. ``safety`` (≥ 1, default 1: the paper's rule) is set by the caller; :class:`~deltaserve_core.coserve.CoServer`
-keeps it at an upper quantile of the measured/predicted ratio of recent fine-tuning-carrying steps. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
+keeps it at an upper quantile of the measured/predicted ratio of recent fine-tuning-carrying steps.
+
+Also beyond the paper: fine-tuning rows may lengthen a step with inference by at most the fine-tuning-only budget
+(``ft_only_budget_s``, default the TPOT SLO), the bound a fine-tuning-only step already has. Equation III prices
+only the requests that have arrived; a request arriving while the step runs waits for all of it, and a prefill
+step filled up to its requests' TTFT slack (often several times the TPOT SLO) made such arrivals miss their TTFT:
+on vLLM-CPU's burst-light trace DeltaServe met 82 % of TTFTs, while the variant whose fine-tuning-only steps are
+never interrupted -- whose completed captures start a backward pass, which pauses admission through the next
+steps -- met all of them (``docs/benchmarks.md``). ``cap_extension=False`` restores the paper's rule. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
 """
 
 from __future__ import annotations
@@ -147,6 +155,7 @@ class Admission:
         max_ft_tokens_per_step: int,
         ft_only_budget_s: float | None = None,
         decode_mode: Callable[[ProposedBatch], ExecutionMode] | None = None,
+        cap_extension: bool = True,
     ) -> None:
         if isinstance(max_ft_tokens_per_step, bool) or not isinstance(max_ft_tokens_per_step, int) \
                 or max_ft_tokens_per_step <= 0:
@@ -164,6 +173,7 @@ class Admission:
         self.max_ft_tokens_per_step = max_ft_tokens_per_step
         self.ft_only_budget_s = ft_only_budget_s
         self.decode_mode = decode_mode
+        self.cap_extension = cap_extension
         #: the mixed step must fit Δ / safety (see the module docs); callers raise it from measured errors.
         self.safety = 1.0
 
@@ -232,7 +242,12 @@ class Admission:
         # expression, so predictions are bit-identical to LatencyModel.predict on the mixed batch.
         coef = model.eq1_coefficients(ExecutionMode.EAGER)
         a, b, g, e, c, d, z, h = coef  # type: ignore[misc]
-        fit_within = delta / self.safety if self.safety != 1.0 else delta
+        limit_s = delta
+        if self.cap_extension and batch.scheduled:
+            # no step grows by more than a fine-tuning-only step may take (see the module docs)
+            extension = self.slo.tpot_s if self.ft_only_budget_s is None else self.ft_only_budget_s
+            limit_s = min(delta, inference + extension)
+        fit_within = limit_s / self.safety if self.safety != 1.0 else limit_s
         ekv = e * kv
         # Every candidate below has at least one sample, so the co-serving terms are a constant of the walk;
         # eq1_time adds them last, as one parenthesised sum, and so does the walk (bit-identical results).

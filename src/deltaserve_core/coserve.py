@@ -108,14 +108,16 @@ class CoServer:
                  calibration: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
-                 safety_quantile: float | None = 0.9) -> None:
+                 safety_quantile: float | None = 0.9, cap_extension: bool = True) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
 
         ``safety_quantile``: admission holds a mixed step to Δ / safety, with safety the ``safety_quantile``
         quantile of measured ÷ predicted duration over the last 256 fine-tuning-carrying steps (at least 1, at
-        most 2; 1 until 16 such steps ran). ``None`` keeps safety at 1, the paper's rule."""
+        most 2; 1 until 16 such steps ran). ``None`` keeps safety at 1, the paper's rule. ``cap_extension``: fine-tuning
+        rows lengthen a step with inference by at most the fine-tuning-only budget (see
+        :mod:`~deltaserve_core.admission`); ``False`` is the paper's rule."""
         self.host = host
         self.job = job
         self.caps = validate_host(host)
@@ -138,7 +140,7 @@ class CoServer:
         self.slo_monitor = SLOMonitor(self.slo)
         self.admission = Admission(self.model, self.slo, mixed_batches=self.caps.mixed_batches,
                                    max_ft_tokens_per_step=min(self.caps.max_finetune_tokens_per_step, job.buffer_tokens),
-                                   decode_mode=self._decode_mode)
+                                   decode_mode=self._decode_mode, cap_extension=cap_extension)
         self.stats = CoServeStats()
         if safety_quantile is not None and not 0.5 <= safety_quantile < 1.0:
             raise ValueError(f"safety_quantile must be in [0.5, 1) or None, got {safety_quantile!r}")

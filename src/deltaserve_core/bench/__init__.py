@@ -10,8 +10,8 @@
 """
 
 #: Every system the harness runs, in the order they run and are plotted.
-SYSTEMS = ("bare", "deltaserve", "no_safety", "idle_only", "no_interrupt", "llmstation", "split_pool")
+SYSTEMS = ("bare", "deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation", "split_pool")
 #: Systems that attach a CoServer to the host.
-COSERVED = ("deltaserve", "no_safety", "idle_only", "no_interrupt", "llmstation")
+COSERVED = ("deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation")
 
 __all__ = ["COSERVED", "SYSTEMS"]

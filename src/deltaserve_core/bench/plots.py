@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["plot_figure5", "shrink_png"]
 
-_COLORS = {"bare": "#7f7f7f", "deltaserve": "#d62728", "no_safety": "#e377c2", "idle_only": "#ff7f0e", "no_interrupt": "#8c564b",
+_COLORS = {"bare": "#7f7f7f", "deltaserve": "#d62728", "paper_rule": "#e377c2", "idle_only": "#ff7f0e", "no_interrupt": "#8c564b",
            "llmstation": "#2ca02c", "split_pool": "#1f77b4"}
 
 
