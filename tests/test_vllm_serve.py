@@ -59,7 +59,9 @@ def _complete(base: str, model: str, prompt: list[int]) -> tuple[int, dict]:
 
 def _env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", DELTASERVE_PROFILE_DIR=str(tmp / "profiles"))
+    # INFO: the progress lines under test are INFO records (another test's in-process CLI may have quietened vLLM)
+    env.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", DELTASERVE_PROFILE_DIR=str(tmp / "profiles"),
+               VLLM_LOGGING_LEVEL="INFO")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the production default: EngineCore in its own process
     return env
 
