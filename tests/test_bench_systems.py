@@ -104,8 +104,12 @@ def test_auto_slo_is_tight_relative_to_the_worst_step() -> None:
     assert "1.5 x" in why
 
 
-def test_cli_bench_smoke(tiny_model: Path, trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_bench_smoke(tiny_model: Path, trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                         monkeypatch: pytest.MonkeyPatch) -> None:
     from deltaserve_core.cli import main
+
+    # the CLI quietens vLLM for its own process; in-process here, so undo it for the tests that follow
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
 
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("prompt_tokens,output_tokens\n10,3\n")

@@ -268,6 +268,17 @@ class CoServer:
         log.info("final checkpoint at step %d: %s", self._adapter_version, path)
         return path
 
+    def shutdown(self, timeout_s: float = 60.0) -> str | None:
+        """An operator's stop once the host no longer steps: :meth:`final_checkpoint` (logged), then :meth:`close`,
+        even if the checkpoint fails. Returns the checkpoint folder, or None. Used by every engine's server path."""
+        try:
+            path = self.final_checkpoint(timeout_s=timeout_s)
+            if path:
+                log.info("DeltaServe final checkpoint: %s", path)
+            return path
+        finally:
+            self.close()
+
     def __enter__(self) -> "CoServer":
         return self.start()
 

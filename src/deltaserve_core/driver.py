@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from .types import RequestSLO
 
-__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "check_client_adapter", "run_to_completion"]
+__all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "InFlightRequests", "check_client_adapter",
+           "run_to_completion"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +146,42 @@ def run_to_completion(driver: HostDriver, requests: Sequence[ClientRequest]) -> 
             raise RuntimeError(f"the engine has no work left but requests {missing} never finished")
         got.update((o.request_id, o) for o in driver.step() if o.request_id in wanted)
     return [got[r.request_id] for r in requests]
+
+
+@dataclass
+class _InFlight:
+    request: ClientRequest
+    arrival_time: float
+    token_times: list[float] = field(default_factory=list)
+
+
+class InFlightRequests:
+    """The client requests a driver has submitted and not yet returned, for hosts whose engine reports each
+    request's tokens so far: :meth:`update` stamps every new token with the time the driver saw it and builds the
+    :class:`ClientOutput` when the request finishes (the entry is then dropped, so nothing grows)."""
+
+    def __init__(self) -> None:
+        self._live: dict[str, _InFlight] = {}
+
+    def add(self, request: ClientRequest, now: float) -> None:
+        self._live[request.request_id] = _InFlight(request, now)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._live
+
+    def __bool__(self) -> bool:
+        return bool(self._live)
+
+    def update(self, request_id: str, tokens: Sequence[int], now: float, finished: bool) -> ClientOutput | None:
+        """Record ``tokens`` (all of the request's output so far); its output when ``finished``, else None. An id
+        this driver did not submit (a calibration row, a request of the engine's own server) is ignored."""
+        live = self._live.get(request_id)
+        if live is None:
+            return None
+        times = live.token_times
+        times.extend([now] * (len(tokens) - len(times)))
+        if not finished:
+            return None
+        del self._live[request_id]
+        first, last = (times[0], times[-1]) if times else (now, now)
+        return ClientOutput(request_id, tuple(int(t) for t in tokens), live.arrival_time, first, last, tuple(times))

@@ -27,7 +27,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from deltaserve_core.driver import (
     ClientOutput,
     ClientRequest,
     HostConfig,
+    InFlightRequests,
     check_client_adapter,
     run_to_completion,
 )
@@ -62,13 +62,6 @@ from .versions import check_supported_sglang
 __all__ = ["SglangHost"]
 
 _PROFILE_PREFIX = PROFILE_RID_PREFIX
-
-
-@dataclass
-class _Live:
-    request: ClientRequest
-    arrival_time: float
-    token_times: list[float] = field(default_factory=list)
 
 
 class SglangHost:
@@ -123,7 +116,7 @@ class SglangHost:
         self.config = config
         self._version = version
         self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-sglang-"))
-        self._live: dict[str, _Live] = {}
+        self._live = InFlightRequests()
         self._inbox: list[Any] = []
         self._adapters: dict[str, str] = {}  # client-visible name -> SGLang lora_id
         self._ft_versions = itertools.count()
@@ -246,7 +239,7 @@ class SglangHost:
         self._add(rid, list(request.prompt_ids), request.max_tokens,
                   self._adapters[request.adapter] if request.adapter else None, ignore_eos=request.ignore_eos)
         self._binding.arrivals[rid] = (now, request.slo)
-        self._live[rid] = _Live(request, now)
+        self._live.add(request, now)
         if self._binding.interceptor is not None:
             self._binding.interceptor.on_arrival(rid, now)
 
@@ -305,18 +298,12 @@ class SglangHost:
     def _on_stream(self, reqs: Sequence[Any]) -> None:
         now = time.monotonic()
         for req in reqs:
-            live = self._live.get(req.rid)
-            if live is None:
-                continue  # not submitted through this driver (a request to SGLang's server, on the operator path)
-            tokens = tuple(int(t) for t in req.output_ids)
-            live.token_times.extend([now] * (len(tokens) - len(live.token_times)))
-            if req.finished():
-                del self._live[req.rid]
+            # requests not submitted through this driver (to SGLang's server, on the operator path) are ignored
+            result = self._live.update(req.rid, req.output_ids, now, req.finished())
+            if result is not None:
                 self._binding.arrivals.pop(req.rid, None)
                 self._binding.token_times.pop(req.rid, None)
-                times = live.token_times or [now]
-                self._finished.append(ClientOutput(req.rid, tokens, live.arrival_time, times[0], times[-1],
-                                                   tuple(live.token_times)))
+                self._finished.append(result)
 
     def _add(self, rid: str, prompt: list[int], max_tokens: int, lora_id: str | None, *,
              ignore_eos: bool = True, extra_key: str | None = None) -> str:

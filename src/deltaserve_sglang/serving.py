@@ -107,7 +107,7 @@ class ServeRuntime:
 
     def start(self) -> None:
         self.coserver.start()
-        log.info("DeltaServe co-serving started in the SGLang scheduler: job %s, adapter %s, checkpoints in %s",
+        log.info("DeltaServe co-serving started in the SGLang scheduler: dataset %s, adapter %s, checkpoints in %s",
                  self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
 
     def stop(self) -> None:
@@ -115,11 +115,8 @@ class ServeRuntime:
             return
         self._stopped = True
         try:
-            path = self.coserver.final_checkpoint(timeout_s=60.0)
-            if path:
-                log.info("DeltaServe final checkpoint: %s", path)
+            self.coserver.shutdown()
         finally:
-            self.coserver.close()
             self.host.shutdown()
 
 

@@ -271,12 +271,8 @@ class RouterRuntime:
 
         try:
             if self.coserver is not None:
-                path = self.coserver.final_checkpoint(timeout_s=self.settings.checkpoint_timeout_s)
-                if path:
-                    log.info("DeltaServe final checkpoint: %s", path)
+                self.coserver.shutdown(timeout_s=self.settings.checkpoint_timeout_s)
         finally:
-            if self.coserver is not None:
-                self.coserver.close()
             uninstall()
             uninstall_operator()
             shutil.rmtree(self._work, ignore_errors=True)

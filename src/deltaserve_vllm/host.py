@@ -37,7 +37,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from deltaserve_core.driver import (
     ClientOutput,
     ClientRequest,
     HostConfig,
+    InFlightRequests,
     check_client_adapter,
     run_to_completion,
 )
@@ -69,15 +69,6 @@ __all__ = ["VllmHost"]
 #: LoRA id of the reserved fine-tuning adapter; client and published adapters count up from 2.
 _FINETUNE_LORA_ID = 1
 _PROFILE_PREFIX = "__deltaserve_profile__"
-
-
-@dataclass
-class _Live:
-    """A client request in flight, seen from the driver."""
-
-    request: ClientRequest
-    arrival_time: float
-    token_times: list[float] = field(default_factory=list)
 
 
 def _flag(value: object, default: bool) -> bool:
@@ -133,7 +124,7 @@ class VllmHost(ChannelHooks):
         self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-vllm-"))
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
-        self._live: dict[str, _Live] = {}
+        self._live = InFlightRequests()
         self._closed = False
         engine_kwargs: dict[str, Any] = {
             "model": config.model, "dtype": config.dtype, "seed": config.seed,
@@ -270,7 +261,7 @@ class VllmHost(ChannelHooks):
         now = time.monotonic()
         self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params,
                                  lora_request=self._adapters.get(request.adapter) if request.adapter else None)
-        self._live[request.request_id] = _Live(request, now)
+        self._live.add(request, now)
         if self._channel.interceptor is not None:
             self._channel.interceptor.on_arrival(request.request_id, now)
 
@@ -281,16 +272,10 @@ class VllmHost(ChannelHooks):
         outputs = self._engine.step()
         now = time.monotonic()
         done: list[ClientOutput] = []
-        for out in outputs:
-            live = self._live.get(out.request_id)
-            if live is None:
-                continue  # a calibration request being drained; never a client's
-            tokens = tuple(out.outputs[0].token_ids) if out.outputs else ()
-            live.token_times.extend([now] * (len(tokens) - len(live.token_times)))
-            if out.finished:
-                del self._live[out.request_id]
-                result = ClientOutput(out.request_id, tokens, live.arrival_time, live.token_times[0],
-                                      live.token_times[-1], tuple(live.token_times))
+        for out in outputs:  # calibration requests being drained are not in self._live: ignored
+            result = self._live.update(out.request_id, out.outputs[0].token_ids if out.outputs else (), now,
+                                       out.finished)
+            if result is not None:
                 done.append(result)
         return done
 

@@ -195,11 +195,8 @@ class ServeRuntime:
             self._stopped = True
         self.channel.idle_source = None
         try:
-            path = self.coserver.final_checkpoint(timeout_s=60.0)
-            if path:
-                log.info("DeltaServe final checkpoint: %s", path)
+            self.coserver.shutdown()
         finally:
-            self.coserver.close()
             shutil.rmtree(self._work, ignore_errors=True)
 
 

@@ -56,17 +56,12 @@ class AdmissionLike(Protocol):
                buffer_free_tokens: int) -> AdmissionDecision: ...
 
 
-class PredictionLog:
-    """What each admission decision predicted for its step, keyed by step id, for the estimator-error metric.
+class _Wrapped:
+    """An admission around another: ``model`` is the inner one's, because CoServer swaps in the calibrated model
+    after construction and the inner admission is what prices steps."""
 
-    Wraps any admission; the prediction kept is the one the policy *acted on*: the mixed step when it admitted,
-    else the inference batch alone (its own estimator for LLMStation-style, the latency model otherwise)."""
-
-    def __init__(self, inner: AdmissionLike, estimate: Any) -> None:
+    def __init__(self, inner: AdmissionLike) -> None:
         self.inner = inner
-        self._estimate = estimate
-        self.predicted: dict[int, tuple[float, int]] = {}  # step id -> (seconds, FT samples admitted)
-        self._lock = threading.Lock()
 
     @property
     def model(self) -> LatencyModel:
@@ -75,6 +70,19 @@ class PredictionLog:
     @model.setter
     def model(self, value: LatencyModel) -> None:
         self.inner.model = value
+
+
+class PredictionLog(_Wrapped):
+    """What each admission decision predicted for its step, keyed by step id, for the estimator-error metric.
+
+    Wraps any admission; the prediction kept is the one the policy *acted on*: the mixed step when it admitted,
+    else the inference batch alone (its own estimator for LLMStation-style, the latency model otherwise)."""
+
+    def __init__(self, inner: AdmissionLike, estimate: Any) -> None:
+        super().__init__(inner)
+        self._estimate = estimate
+        self.predicted: dict[int, tuple[float, int]] = {}  # step id -> (seconds, FT samples admitted)
+        self._lock = threading.Lock()
 
     def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
                buffer_free_tokens: int) -> AdmissionDecision:
@@ -96,19 +104,8 @@ class PredictionLog:
             return self.predicted.pop(step_id, None)
 
 
-class IdleOnlyAdmission:
+class IdleOnlyAdmission(_Wrapped):
     """Algorithm 1 restricted to fine-tuning-only steps: any step with inference gets no fine-tuning rows."""
-
-    def __init__(self, inner: AdmissionLike) -> None:
-        self.inner = inner
-
-    @property
-    def model(self) -> LatencyModel:
-        return self.inner.model
-
-    @model.setter
-    def model(self, value: LatencyModel) -> None:
-        self.inner.model = value
 
     def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
                buffer_free_tokens: int) -> AdmissionDecision:
