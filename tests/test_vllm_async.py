@@ -8,7 +8,9 @@ queue of 2, as under async scheduling) over the CPU runner, whose sampling is sy
 side of async scheduling, real vLLM code throughout; the GPU runner's async output path runs only with
 ``DELTASERVE_VLLM_DEVICE=cuda`` (real ``async_scheduling=True``; benchmarks/gpu/vllm_h200.sh).
 
-One engine for the module.
+The whole conformance suite and the engine tests of tests/test_vllm_host.py run here again against that host: the
+H200's async failures (a record without an offered step, an FT-only step left in flight into the next run, a
+prediction missing for a step never offered) reproduce in this mode on CPU. One engine for the module.
 """
 
 from __future__ import annotations
@@ -27,7 +29,18 @@ from typing import Any
 
 import pytest
 import torch
+from deltaserve_conformance import ConformanceEnv, HostConformanceTests, Recorder
+from deltaserve_conformance.harness import make_prompts, make_samples
 from test_coserve import dataset, train_and_compare  # noqa: F401  (fixture + the shared exactness run)
+from test_vllm_host import (  # noqa: F401  (collected here again, against this module's overlapped host)
+    test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly,
+    test_declared_graph_modes_match_the_device,
+    test_finetune_adapter_update_is_used_by_later_rows,
+    test_idle_step_without_samples_runs_nothing,
+    test_same_sample_twice_is_recomputed_not_read_from_prefix_cache,
+    test_samples_that_do_not_fit_are_reported_aborted,
+    test_serving_continues_after_an_aborted_step,
+)
 
 from deltaserve_core.driver import ClientRequest, HostConfig
 from deltaserve_core.types import (
@@ -91,19 +104,26 @@ def test_scheduler_class_follows_async_scheduling() -> None:
 
 
 @pytest.fixture(scope="module")
-def host(tiny_model: Path, cache_dir: Path) -> Iterator[Any]:
-    from deltaserve_core.adapter_state import LoraAdapterState
-    from deltaserve_core.testing.tiny_model import build_lora_adapter
-    from deltaserve_vllm.host import VllmHost
+def deltaserve_conformance_env(cache_dir: Path) -> Iterator[ConformanceEnv]:
+    """The conformance environment (tiny model, client adapter, reserved adapter) over the overlapped host."""
+    from deltaserve_conformance.plugin import build_env
 
     options: dict[str, Any] = {"async_scheduling": True} if CUDA else {"cpu_batch_queue": True}
     if CUDA:
         options["gpu_memory_utilization"] = os.environ.get("DELTASERVE_VLLM_GPU_MEM", "0.3")
-    h = VllmHost(HostConfig(model=str(tiny_model), device=DEVICE, dtype=DTYPE, options=options))
-    ft_dir = build_lora_adapter(tiny_model, cache_dir / "conformance" / "async-finetune-adapter", seed=5, r=8)
-    h.set_finetune_adapter(LoraAdapterState.load_pretrained(ft_dir, name="async-ft", version=0))
-    yield h
-    h.shutdown()
+    env = build_env("deltaserve_vllm.host:VllmHost", device=DEVICE, dtype=DTYPE, options=options,
+                    cache_dir=cache_dir / "conformance")
+    yield env
+    env.host.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def host(deltaserve_conformance_env: ConformanceEnv) -> Any:
+    return deltaserve_conformance_env.host
+
+
+class TestOverlappedConformance(HostConformanceTests):
+    """Every conformance check with two steps in flight."""
 
 
 def _core(host: Any) -> Any:
@@ -129,8 +149,9 @@ def _sample(sample_id: int, length: int) -> FineTuneSample:
 class _Log:
     """Interceptor + step sink + activation sink recording the order of events across the engine loop."""
 
-    def __init__(self, offer: bool = True) -> None:
-        self.offer = offer
+    def __init__(self, offer_every: int = 1) -> None:
+        self.offer_every = offer_every  # offer rows at every n-th consultation (0: never)
+        self.consulted = 0
         self.events: list[tuple[str, int]] = []  # ("schedule", step) / ("record", step)
         self.records: list[StepRecord] = []
         self.begun: Counter[int] = Counter()
@@ -144,7 +165,8 @@ class _Log:
 
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
         self.events.append(("schedule", batch.step_id))
-        if not self.offer:
+        self.consulted += 1
+        if not self.offer_every or self.consulted % self.offer_every:
             return ()
         samples = (_sample(self.next_id, 6 + self.next_id % 5), _sample(self.next_id + 1, 9))
         self.next_id += 2
@@ -195,7 +217,7 @@ def test_engine_runs_two_steps_in_flight(host: Any) -> None:
     assert isinstance(core.scheduler, AsyncDeltaServeScheduler)
     assert core.batch_queue_size == 2 and core.step_fn == core.step_with_batch_queue
     assert core.vllm_config.scheduler_config.async_scheduling is CUDA
-    log = _Log(offer=False)
+    log = _Log(offer_every=0)
     _install(host, log)
     try:
         _serve(host, _requests(3, 7))
@@ -208,8 +230,10 @@ def test_engine_runs_two_steps_in_flight(host: Any) -> None:
 
 
 def test_finetune_rows_run_once_and_never_reach_a_client(host: Any) -> None:
-    """Rows offered at every consultation: client outputs equal the no-fine-tuning run, every row is scheduled in
-    exactly one step as a full prefill and captured once per layer, and all of them are retired (KV freed)."""
+    """Rows offered at every other consultation: client outputs equal the no-fine-tuning run, every row is scheduled
+    in exactly one step as a full prefill and captured once per layer, and all of them are retired (KV freed). Every
+    step is offered once; a step with rows may be formed while an inference step is in flight, but the step after
+    one with rows is formed only once that step's record is in."""
     from deltaserve_vllm.scheduler import FINETUNE_REQUEST_PREFIX
 
     requests = _requests(5, 11)
@@ -226,12 +250,12 @@ def test_finetune_rows_run_once_and_never_reach_a_client(host: Any) -> None:
         new_rows.update(r.req_id for r in out.scheduled_new_reqs)
         return out
 
-    log = _Log()
+    log = _Log(offer_every=2)
     sched.schedule = observe
     _install(host, log)
     try:
         outputs = _serve(host, [ClientRequest(f"ft-{r.request_id}", r.prompt_ids, r.max_tokens) for r in requests])
-        for _ in range(3):
+        for _ in range(4):
             host.run_idle_step()  # fine-tuning-only steps, drained before the call returns
     finally:
         sched.schedule = original
@@ -256,19 +280,65 @@ def test_finetune_rows_run_once_and_never_reach_a_client(host: Any) -> None:
         assert r.duration_s > 0
     steps = [r.step_id for r in log.records]
     assert steps == sorted(steps) and len(set(steps)) == len(steps)
-    # Never consulted while a step with rows was unreported (the core must see a record before it decides again).
+    offered = [step for kind, step in log.events if kind == "schedule"]
+    assert len(offered) == len(set(offered)) and set(steps) <= set(offered), "a step ran without being offered"
+    # Never consulted while a step with rows was unreported (the core must see a record before it decides again),
+    # while steps with rows still overlap the inference step before them.
     unreported: set[int] = set()
     ft_step_ids = {r.step_id for r in injected}
+    overlapped_with_rows = []
     for kind, step in log.events:
         if kind == "schedule":
-            assert not unreported, f"step {step} was offered while {unreported} (with rows) was in flight"
-            if step in ft_step_ids:
+            assert not unreported & ft_step_ids, f"step {step} was formed while {unreported} (with rows) was in flight"
+            if step in ft_step_ids and unreported:
+                overlapped_with_rows.append(step)
+            if step in steps:  # steps that ran nothing are never reported
                 unreported.add(step)
         else:
             unreported.discard(step)
+    assert overlapped_with_rows, f"no step with rows was formed while an inference step was in flight: {log.events}"
     assert not sched._ds_in_flight
     assert not [r for r in sched.requests if r.startswith(FINETUNE_REQUEST_PREFIX)]
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free_before, "a row's KV blocks leaked"
+
+
+def test_every_step_with_a_record_was_offered(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """The H200's graph-mode failure in its CPU form: rows joined every other decode step, and the steps between
+    were formed while a step with rows was in flight and never offered, so no prediction existed for them. Every
+    recorded step must have been offered, and the mode predicted for it (inference-only steps) is the mode it ran."""
+    env = deltaserve_conformance_env
+    counter = iter(range(20_000, 90_000))
+    rec = Recorder(inject=lambda b: make_samples(env, 1, seed=next(counter), first_id=next(counter) * 10)
+                   if b.num_decode and b.step_id % 2 == 0 else ())
+    env.install(rec)
+    try:
+        env.run(make_prompts(env, 4, seed=34, max_tokens=8))
+    finally:
+        env.install(None)
+    records = rec.real_records()
+    assert any(r.finetune_sample_ids and r.num_decode for r in records), "no row joined a decode step"
+    assert [r.step_id for r in records if rec.batch_for(r.step_id) is None] == []
+    host = env.host
+    assert all(host.graph_mode(rec.batch_for(r.step_id)) == r.mode  # type: ignore[attr-defined]
+               for r in records if not r.finetune_sample_ids)
+
+
+def test_no_step_is_left_in_flight_when_client_work_ends(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """The H200's extra empty step: the step formed while the last client step ran proposes nothing, so it is the
+    one a core fills with fine-tuning rows, and it must be reported before generate() returns (it used to report
+    into the sink of whatever ran next)."""
+    env = deltaserve_conformance_env
+    rec = Recorder(inject=lambda b: make_samples(env, 1, seed=b.step_id, first_id=40_000 + b.step_id)
+                   if b.is_empty else ())
+    env.install(rec)
+    try:
+        env.run(make_prompts(env, 3, seed=35))
+        channel = env.host._channel  # type: ignore[attr-defined]
+        assert rec.injected, "no empty step was formed behind the last client step"
+        assert not channel.plans, "a scheduled step was left unprocessed"
+        assert all(rec.record_for(step) is not None for step in rec.injected)
+    finally:
+        env.install(None)
 
 
 def test_profile_step_has_the_requested_shape(host: Any) -> None:
@@ -277,6 +347,20 @@ def test_profile_step_has_the_requested_shape(host: Any) -> None:
     assert record.synthetic
     assert sorted(record.prefill_lengths) == [5, 12] and record.num_decode == 3
     assert record.finetune_lengths == (8,)
+    assert not _scheduler(host)._ds_in_flight and not host._channel.plans
+
+
+def test_finetune_only_profile_steps_run(host: Any) -> None:
+    """Calibration's fine-tuning-only shapes, after shapes with requests: the failure behind the H200's async
+    calibration. Such a step has no vLLM request, so the engine loop schedules it only because the pending profile
+    step counts as work (before, the finished ids of the previous shape did, and draining had handed them over)."""
+    shapes = [ProfileShape(prefill_lengths=(16,)), ProfileShape(finetune_lengths=(8,)),
+              ProfileShape(finetune_lengths=(5, 7)),
+              ProfileShape(num_decode=2, decode_context=6, finetune_lengths=(4,)), ProfileShape(finetune_lengths=(9,))]
+    for shape in shapes:
+        record = host.run_profile_step(shape)
+        assert record.synthetic and record.finetune_lengths == shape.finetune_lengths, shape
+        assert sorted(record.prefill_lengths) == sorted(shape.prefill_lengths) and record.num_decode == shape.num_decode
     assert not _scheduler(host)._ds_in_flight and not host._channel.plans
 
 

@@ -9,6 +9,12 @@ captured for each size). Anything else -- a prefill, a mixed batch, a batch carr
 
 The capture facts are read once from the worker's dispatcher after start-up (:class:`GraphSizes`), so the
 prediction follows the graphs vLLM actually holds, not a copy of its defaults.
+
+Async scheduling changes none of this: the runner picks the graph from the step's own per-request token counts and
+its active LoRAs (vLLM 0.26, ``GPUModelRunner._determine_batch_execution_and_padding``), and under async a request
+decoding on an output placeholder is still scheduled one token. (The H200 async run's "misprediction" was steps
+that were never offered to the core, so no prediction existed; see the scheduler.) Cascade attention, which would
+rule a full graph out, is off by default (``disable_cascade_attn``) and the host does not turn it on.
 """
 
 from __future__ import annotations

