@@ -23,7 +23,7 @@ from deltaserve_core.driver import ClientRequest, HostConfig
 from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
 from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients
 from deltaserve_core.registry import create_host
-from deltaserve_core.types import ExecutionMode
+from deltaserve_core.types import ExecutionMode, StepRecord
 
 
 
@@ -251,24 +251,19 @@ def test_rows_the_host_refuses_are_admissible_again(host, dataset: Path, tmp_pat
         assert co.buffer.free_tokens == co.job.buffer_tokens
 
 
-def test_admission_safety_follows_measured_over_predicted(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
-    """Admission's safety is the 0.9 quantile of measured/predicted over recent fine-tuning-carrying steps, clamped
-    to [1, 2], and stays 1 (the paper's rule) until 16 such steps ran or when disabled."""
+def test_coserver_feeds_measured_margin_to_admission(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    """CoServer hands every priced step to its SLOMargin and admission uses the result; ``None`` is the paper's rule."""
     co = CoServer(host, _job(dataset, tmp_path), latency_model=_model())
-    ratios = [0.9 + 0.02 * i for i in range(20)]  # 0.90 .. 1.28
-    for r in ratios[:15]:
-        co._update_safety(r)
-    assert co.admission.safety == 1.0
-    for r in ratios[15:]:
-        co._update_safety(r)
-    # 20 ratios seen, re-sorted at the 16th: 0.9-quantile of the first 16 is index 14 -> 1.18
-    assert co.admission.safety == pytest.approx(sorted(ratios[:16])[14])
-    for _ in range(300):
-        co._update_safety(3.0)  # a host that runs 3x slower than predicted: clamped at 2
-    assert co.admission.safety == 2.0
+    assert co.margin is not None and co.admission.safety == 1.0 and co.admission.overhead_s == 0.0
+    t = 100.0
+    for i, ratio in enumerate((1.1, 1.3, 1.2, 1.05)):
+        co._predicted[i] = (0.1, ExecutionMode.EAGER)
+        co(StepRecord(i, t, 0.1 * ratio, ExecutionMode.EAGER, num_decode=2, kv_tokens=8, finetune_sample_ids=(i,),
+                      finetune_lengths=(4,)))
+        t += 0.1 * ratio + 0.004
+    assert co.admission.safety == pytest.approx(1.3)
+    assert co.admission.overhead_s == pytest.approx(0.004)
     off = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=None)
-    for _ in range(64):
-        off._update_safety(1.5)
-    assert off.admission.safety == 1.0
+    assert off.margin is None
     with pytest.raises(ValueError, match="safety_quantile"):
         CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=1.5)

@@ -30,10 +30,12 @@ The fine-tuning-only step (no scheduled inference) is the same procedure with an
 its predicted inference time is 0 and Δ is capped by the fine-tuning-only budget (see :mod:`.slo`).
 
 Beyond the paper, a model without calibration admits nothing (reason ``not_calibrated``) instead of
-guessing, and the mixed step is held to Δ / ``safety`` rather than Δ: an unbiased estimator is still wrong by a few
-percent either way, and a walk that fills a step up to Δ exactly turns every under-estimate into a missed
-SLO. ``safety`` (≥ 1, default 1: the paper's rule) is set by the caller; :class:`~deltaserve_core.coserve.CoServer`
-keeps it at an upper quantile of the measured/predicted ratio of recent fine-tuning-carrying steps.
+guessing, and a step with inference is held to (Δ − ``overhead_s``) / ``safety`` rather than Δ: an unbiased
+estimator is still wrong by a few percent either way, a walk that fills a step up to Δ exactly turns every
+under-estimate into a missed SLO, and a decode's token gap also contains the host's time between steps.
+``safety`` (≥ 1) and ``overhead_s`` (≥ 0; defaults 1 and 0: the paper's rule) are set by the caller;
+:class:`~deltaserve_core.coserve.CoServer` measures them with :class:`~deltaserve_core.slo_margin.SLOMargin`.
+Fine-tuning-only steps are not held by them (no decode waits on such a step).
 
 Also beyond the paper: fine-tuning rows may lengthen a step with inference by at most the fine-tuning-only budget
 (``ft_only_budget_s``, default the TPOT SLO), the bound a fine-tuning-only step already has. Equation III prices
@@ -174,8 +176,10 @@ class Admission:
         self.ft_only_budget_s = ft_only_budget_s
         self.decode_mode = decode_mode
         self.cap_extension = cap_extension
-        #: the mixed step must fit Δ / safety (see the module docs); callers raise it from measured errors.
+        #: a step with inference must fit (Δ − overhead_s) / safety (see the module docs); callers set both from
+        #: measurements (:class:`~deltaserve_core.slo_margin.SLOMargin`). 1 and 0: the paper's rule.
         self.safety = 1.0
+        self.overhead_s = 0.0
 
     def _deferred_mode(self, batch: ProposedBatch) -> ExecutionMode | None:
         if self.decode_mode is None or self.mixed_batches:
@@ -247,7 +251,12 @@ class Admission:
             # no step grows by more than a fine-tuning-only step may take (see the module docs)
             extension = self.slo.tpot_s if self.ft_only_budget_s is None else self.ft_only_budget_s
             limit_s = min(delta, inference + extension)
-        fit_within = limit_s / self.safety if self.safety != 1.0 else limit_s
+        if batch.scheduled:
+            # the measured margin (see slo_margin): a decode's token gap is the host's time between steps plus
+            # the step, and the step may run up to ``safety`` times its prediction
+            if self.overhead_s or self.safety != 1.0:
+                limit_s = (limit_s - self.overhead_s) / self.safety
+        fit_within = limit_s
         ekv = e * kv
         # Every candidate below has at least one sample, so the co-serving terms are a constant of the walk;
         # eq1_time adds them last, as one parenthesised sum, and so does the walk (bit-identical results).

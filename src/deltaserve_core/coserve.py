@@ -42,9 +42,10 @@ from .backward_process import BackwardProcess, BackwardReport
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
-from .latency_model import LatencyModel
+from .latency_model import Equation, LatencyModel
 from .lora_backward import TrainerConfig
 from .slo import SLOConfig, SLOMonitor
+from .slo_margin import SLOMargin
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
 __all__ = ["CoServer", "CoServeStats"]
@@ -108,14 +109,15 @@ class CoServer:
                  calibration: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
-                 safety_quantile: float | None = 0.9, cap_extension: bool = True) -> None:
+                 safety_quantile: float | None = 1.0, cap_extension: bool = True) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
 
-        ``safety_quantile``: admission holds a mixed step to Δ / safety, with safety the ``safety_quantile``
-        quantile of measured ÷ predicted duration over the last 256 fine-tuning-carrying steps (at least 1, at
-        most 2; 1 until 16 such steps ran). ``None`` keeps safety at 1, the paper's rule. ``cap_extension``: fine-tuning
+        ``safety_quantile``: admission holds a step with inference to (Δ − overhead) / safety, both measured by
+        :class:`~deltaserve_core.slo_margin.SLOMargin` at this quantile (1, the default: the maximum over its
+        window) of measured ÷ predicted duration of recent mixed steps and of the host's time between steps.
+        ``None`` keeps safety 1 and overhead 0, the paper's rule. ``cap_extension``: fine-tuning
         rows lengthen a step with inference by at most the fine-tuning-only budget (see
         :mod:`~deltaserve_core.admission`); ``False`` is the paper's rule."""
         self.host = host
@@ -142,14 +144,13 @@ class CoServer:
                                    max_ft_tokens_per_step=min(self.caps.max_finetune_tokens_per_step, job.buffer_tokens),
                                    decode_mode=self._decode_mode, cap_extension=cap_extension)
         self.stats = CoServeStats()
-        if safety_quantile is not None and not 0.5 <= safety_quantile < 1.0:
-            raise ValueError(f"safety_quantile must be in [0.5, 1) or None, got {safety_quantile!r}")
+        if safety_quantile is not None and not 0.5 < safety_quantile <= 1.0:
+            raise ValueError(f"safety_quantile must be in (0.5, 1] or None (the paper's rule), got {safety_quantile!r}")
         self.safety_quantile = safety_quantile
-        # the Admission this CoServer built: callers may wrap ``self.admission`` (benchmarks do), the safety
-        # factor belongs to the core rule underneath
+        self.margin = SLOMargin(quantile=safety_quantile) if safety_quantile is not None else None
+        # the Admission this CoServer built: callers may wrap ``self.admission`` (benchmarks do), the margin
+        # belongs to the core rule underneath
         self._core_admission = self.admission
-        self._ft_ratios: deque[float] = deque(maxlen=256)
-        self._ft_seen = 0
         self.backward_threads = backward_threads
         self.hang_timeout_s = hang_timeout_s
         self.log_every_s = log_every_s
@@ -175,12 +176,10 @@ class CoServer:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> "CoServer":
-        from transformers import AutoModelForCausalLM
-
         dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
-        base = AutoModelForCausalLM.from_pretrained(self.spec.path, dtype=dtype).to(self.caps.device).eval()
+        base = backward_base_model(self.host, self.spec.path, dtype, self.caps.device)
         adapter = fresh_lora_state(base, self.job.lora, name=self.job.adapter_name, seed=self.job.seed,
                                    base_model_path=self.spec.path)
         self.initial_adapter = adapter.with_tensors({k: v.clone() for k, v in adapter.tensors.items()}, version=0)
@@ -208,6 +207,11 @@ class CoServer:
         self.host.intercept_schedule(self)
         self.host.capture_activation(self.buffer)
         self.host.report_step_time(self)
+        if self.margin is not None:
+            # until co-served steps are measured, trust the calibration's own tail error on eager prefill steps
+            quality = self.model.equation_quality(ExecutionMode.EAGER, Equation.PREFILL)
+            self.margin.seed(quality.p95_ape if quality is not None else None)
+            self._core_admission.safety = self.margin.factor
         self._started = True
         log.info("co-serving %s on host %r: %d samples, %d epoch(s), buffer %d tokens, SLO ttft=%.3fs tpot=%.3fs",
                  self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
@@ -337,8 +341,10 @@ class CoServer:
         predicted = self._predicted.pop(record.step_id, None)
         if predicted is not None and predicted[0] == predicted[0] and record.duration_s > 0:  # skip NaN
             self.stats.estimator_errors[record.mode.value].append(abs(predicted[0] - record.duration_s) / record.duration_s)
-            if record.finetune_sample_ids and predicted[0] > 0:
-                self._update_safety(record.duration_s / predicted[0])
+        if self.margin is not None:
+            self.margin.observe(record, predicted[0] if predicted is not None and predicted[0] == predicted[0] else None)
+            self._core_admission.safety = self.margin.factor
+            self._core_admission.overhead_s = self.margin.overhead_s
         self.model.observe(record)
         admitted = self._admitted.pop(record.step_id, ())
         if record.aborted_sample_ids:
@@ -366,18 +372,6 @@ class CoServer:
                 self.buffer.release(sid)  # type: ignore[union-attr]
             self.pool.release(sorted(missing))
         self._maybe_log()
-
-    def _update_safety(self, ratio: float) -> None:
-        """Keep admission's safety at an upper quantile of measured/predicted on fine-tuning-carrying steps: those
-        are the steps admission filled up to the budget, so their under-estimates are the SLO misses."""
-        self._ft_ratios.append(ratio)
-        self._ft_seen += 1
-        n = len(self._ft_ratios)
-        if self.safety_quantile is None or n < 16 or self._ft_seen % 8:
-            return  # re-sorting every 8th step is plenty: the quantile of 256 ratios moves slowly
-        ordered = sorted(self._ft_ratios)
-        q = ordered[min(n - 1, int(self.safety_quantile * n))]
-        self._core_admission.safety = min(2.0, max(1.0, q))
 
     # ------------------------------------------------------------------------------------------ backward
 
@@ -506,8 +500,68 @@ class CoServer:
         seen = (f"SLO attainment {slo['slo'] * 100:.1f}% of {slo['requests']} requests" if slo["slo"] is not None
                 else "no client request yet")
         log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), %s, "
-                 "estimator error %s (admission safety x%.2f), %s", d["optimizer_steps"],
+                 "estimator error %s (admission margin x%.2f, -%.1f ms), %s", d["optimizer_steps"],
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
                  d["admitted_samples"], d["aborted_samples"], seen, mape, self._core_admission.safety,
-                 self.pool.progress())
+                 self._core_admission.overhead_s * 1e3, self.pool.progress())
 
+
+# ---------------------------------------------------------------------------------------------- base model
+
+
+def backward_base_model(host: HostHooks, path: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """The base model the backward process trains through: built on the host's own weights when it lends them
+    (:class:`~deltaserve_core.hooks.LendsBaseWeights`), else loaded from ``path``. Logs which, and the bytes."""
+    from transformers import AutoModelForCausalLM
+
+    lend = getattr(host, "base_weights", None)
+    lent = lend() if lend is not None else None
+    label = getattr(host, "name", type(host).__name__)
+    if lent is None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        log.info("backward base model: loaded from %s, %.1f MiB (host %r lends no weights)", path,
+                 _param_bytes(model) / 2**20, label)
+        return model
+    model = model_on_lent_weights(path, lent, dtype=dtype, device=device, host=label)
+    log.info("backward base model: mapped onto host %r's weights, %.1f MiB shared, 0 loaded", label,
+             _param_bytes(model) / 2**20)
+    return model
+
+
+def model_on_lent_weights(path: str, lent: Mapping[str, torch.Tensor], *, dtype: torch.dtype, device: str,
+                          host: str = "?") -> torch.nn.Module:
+    """``AutoModelForCausalLM`` of ``path`` whose parameters *are* ``lent`` (no parameter memory of its own).
+
+    Raises ``ValueError`` naming what breaks the :class:`~deltaserve_core.hooks.LendsBaseWeights` contract: a
+    parameter without a tensor, a name the model does not have, a wrong dtype or device (shapes are checked by
+    ``load_state_dict``)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target = torch.device(device)
+    wrong = [f"{n} ({t.dtype}, {t.device})" for n, t in lent.items()
+             if t.dtype != dtype or t.device.type != target.type
+             or (target.index is not None and t.device.index != target.index)]
+    if wrong:
+        raise ValueError(f"host {host!r} lends base weights that are not {dtype} on {device}: {', '.join(wrong[:5])}"
+                         f"{' ...' if len(wrong) > 5 else ''}")
+    # Parameters on the meta device until assigned; buffers real, because rotary inv_freq is computed at
+    # construction and is in no checkpoint nor in what a host lends.
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    # detach(): new tensor objects on the same storage, so nothing the backward does to its parameters' flags
+    # reaches the host's own parameter objects
+    result = model.load_state_dict({n: t.detach() for n, t in lent.items()}, strict=False, assign=True)
+    if result.unexpected_keys:
+        raise ValueError(f"host {host!r} lends weights the model of {path} does not have: "
+                         f"{', '.join(sorted(result.unexpected_keys)[:8])}")
+    model.tie_weights()  # a tied output head (tie_word_embeddings) becomes the lent embedding, as in from_pretrained
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
+    if missing:
+        raise ValueError(f"host {host!r} lends no tensor for {len(missing)} parameter(s) of {path}: "
+                         f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    return model.to(device).eval()  # moves the buffers; the lent parameters are already there
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())

