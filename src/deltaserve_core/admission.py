@@ -181,6 +181,21 @@ class Admission:
         self.safety = 1.0
         self.overhead_s = 0.0
 
+    def spare_s(self, batch: ProposedBatch) -> float:
+        """Seconds ``batch`` could be lengthened by and still meet every SLO, under the same margin as fine-tuning
+        rows (0 when the model is not ready or there is no slack). A fine-tuning-only step is never waited on.
+
+        The controller prices host-side work it must do between steps (installing a new adapter version) with
+        this, so that work lands where no request pays for it."""
+        if not batch.scheduled:
+            return math.inf
+        if not self.model.is_ready:
+            return 0.0
+        budget = step_budget(batch, self.slo, self.model, mixed_batches=self.mixed_batches,
+                             deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
+        limit = (budget.delta - self.overhead_s) / self.safety
+        return max(0.0, limit - self.model.predict_batch(batch))
+
     def _deferred_mode(self, batch: ProposedBatch) -> ExecutionMode | None:
         if self.decode_mode is None or self.mixed_batches:
             return None

@@ -81,6 +81,8 @@ class StepSample:
     mode: str
     predicted_s: float = math.nan
     prefill_tokens: int = 0
+    decodes: int = 0
+    ft_rows: int = 0
 
 
 @dataclass
@@ -223,13 +225,26 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def step_row(system: str, s: StepSample) -> dict[str, Any]:
+    """One executed step for ``<stem>_steps.csv``: what explains a missed SLO (an overrunning step, its shape,
+    its prediction) is only visible per step."""
+    return {"system": system, "start_s": round(s.start_s, 6), "duration_s": round(s.duration_s, 6),
+            "predicted_s": round(s.predicted_s, 6) if s.predicted_s == s.predicted_s else "",
+            "mode": s.mode, "prefill_tokens": s.prefill_tokens, "decodes": s.decodes, "ft_rows": s.ft_rows,
+            "ft_tokens": s.ft_tokens}
+
+
 def write_results(out_dir: str | os.PathLike[str], stem: str, result: dict[str, Any],
-                  request_rows: Sequence[dict[str, Any]]) -> dict[str, Path]:
-    """``<stem>.json`` (everything), ``<stem>_summary.csv`` (one row per system), ``<stem>_requests.csv``."""
+                  request_rows: Sequence[dict[str, Any]],
+                  step_rows: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
+    """``<stem>.json`` (everything), ``<stem>_summary.csv`` (one row per system), ``<stem>_requests.csv``,
+    ``<stem>_steps.csv`` (one row per executed step, with admission's prediction where it priced the step)."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = {"json": d / f"{stem}.json", "summary_csv": d / f"{stem}_summary.csv",
              "requests_csv": d / f"{stem}_requests.csv"}
+    if step_rows:
+        paths["steps_csv"] = d / f"{stem}_steps.csv"
     tmp = paths["json"].with_suffix(".tmp")
     tmp.write_text(json.dumps(_clean(result), indent=1, default=str))
     os.replace(tmp, paths["json"])
@@ -241,10 +256,11 @@ def write_results(out_dir: str | os.PathLike[str], stem: str, result: dict[str, 
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    if request_rows:
-        with open(paths["requests_csv"], "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(request_rows[0]))
-            w.writeheader()
-            w.writerows(request_rows)
+    for key, table in (("requests_csv", request_rows), ("steps_csv", step_rows)):
+        if table:
+            with open(paths[key], "w", newline="", encoding="utf-8") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(table[0]))
+                w.writeheader()
+                w.writerows(table)
     return paths
 

@@ -39,6 +39,7 @@ from .metrics import (
     StepSample,
     SystemRun,
     request_row,
+    step_row,
     summarize,
     timeline,
     write_results,
@@ -125,7 +126,8 @@ class _StepRecorder:
         self.steps.append(StepSample(record.start_time - self.start, record.duration_s,
                                      bool(record.prefill_lengths) or record.num_decode > 0,
                                      record.finetune_tokens, record.mode.value, pred,
-                                     sum(record.prefill_lengths)))
+                                     sum(record.prefill_lengths), record.num_decode,
+                                     len(record.finetune_sample_ids)))
 
 
 def replay(host: Any, arrivals: Sequence[tuple[float, Any]], *, duration_s: float, coserver: Any = None,
@@ -450,7 +452,8 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         "systems": summaries, "timelines": timelines, "goals": _goals(summaries),
         "environment": _environment(cfg.device, cfg.host), "wall_s": time.monotonic() - t_run,
     }
-    paths = write_results(cfg.out_dir, stem, result, rows)
+    paths = write_results(cfg.out_dir, stem, result, rows,
+                          [step_row(name, s) for name, run in runs.items() for s in run.steps])
     if cfg.plots:
         try:
             from .plots import plot_figure5
