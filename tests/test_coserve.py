@@ -230,6 +230,28 @@ def test_backward_crash_is_recovered_without_touching_inference(host, dataset: P
     assert served_s < 30
 
 
+@pytest.mark.faults
+def test_dispatch_to_a_dead_backward_recovers_instead_of_failing_the_step(host, dataset: Path,  # noqa: ANN001
+                                                                         tmp_path: Path) -> None:
+    """The backward can die between two polls; the step sink that hands it the next batch runs inside the host's
+    step and must start a recovery rather than raise into the engine."""
+    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), backward_threads=1)
+    with co:
+        _drive(host, co, [], until_steps=1)
+        pid = co.backward.pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while co.backward.health().alive:  # dead, but not yet polled: no report consumed
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        co._pending_ids, co._pending_tokens = [0], 1
+        co._dispatch_backward()  # must not raise
+        assert co._recovering is not None and co.stats.backward_failures == 1
+        assert co.finish_recovery(timeout=120)
+        assert co.backward.health().alive and co.backward.pid != pid
+        assert co._pending_ids == []
+
+
 def test_rows_the_host_refuses_are_admissible_again(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
     """A host may refuse to place admitted rows (vLLM: all-or-nothing when its token budget, request slots or KV
     cache cannot take them) and report them aborted without running them. Their buffer slots and the step's

@@ -39,7 +39,7 @@ import torch
 from .activation_buffer import ActivationBuffer
 from .adapter_state import fresh_lora_state
 from .admission import Admission, AdmissionDecision
-from .backward_process import BackwardProcess, BackwardReport
+from .backward_process import BackwardProcess, BackwardProcessError, BackwardReport
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
@@ -398,7 +398,13 @@ class CoServer:
         with the current adapter, so splitting them across two optimizer steps would train the second part on
         activations computed with stale weights (the paper's batch size is the threshold, not a cut)."""
         assert self.backward is not None
-        self.backward.train_batch(self._pending_ids)
+        try:
+            self.backward.train_batch(self._pending_ids)
+        except BackwardProcessError as exc:
+            # The child died since the last poll: this runs inside the host's step, which must not fail for it.
+            # Recover exactly as poll() would have; the restart returns untrained captures to the pool.
+            self._recover(f"backward process died ({exc})")
+            return
         self._pending_ids = []
         self._pending_tokens = 0
 
