@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import random
 from collections import Counter
@@ -256,6 +258,13 @@ def test_store_keys_and_misses(tmp_path):
     store.path_for(key).write_text("{not json")
     with pytest.warns(RuntimeWarning, match="unusable"):
         assert store.load(key) is None
+    # a timing variant (vLLM's async scheduling) gets its own profile; no variant keeps the name profiles had
+    # before variants existed (the hash of the five original fields)
+    variant = dataclasses.replace(key, variant="async")
+    assert store.path_for(variant) != store.path_for(key) and "async" in store.path_for(variant).name
+    legacy = hashlib.sha256(json.dumps({"host": "fake", "engine_version": "1.2.3", "model": "/models/tiny-llama",
+                                        "device": "cpu", "dtype": "float32"}, sort_keys=True).encode()).hexdigest()
+    assert store.path_for(key).name.endswith(f"-{legacy[:16]}.json")
 
 
 def test_load_or_calibrate_reuses_matching_profiles(tmp_path):

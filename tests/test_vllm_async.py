@@ -380,3 +380,13 @@ def test_training_through_the_async_host_equals_plain_peft(host: Any, dataset: P
         assert worst <= 1e-4, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
     else:
         assert_within_precision(details)
+
+
+def test_overlapped_host_keeps_its_own_calibration_profile(host: Any) -> None:
+    """Overlapped steps time differently from synchronous ones: the host names that, so a stored profile measured
+    with one scheduler is never reused with the other (ProfileKey carries the variant)."""
+    from deltaserve_core.calibration import ProfileKey
+
+    assert host.capabilities().timing_variant == "async"
+    key = ProfileKey.for_host(host)
+    assert key.variant == "async" and "async" in key.file_name()

@@ -234,6 +234,7 @@ class ProfileKey:
     model: str
     device: str
     dtype: str
+    variant: str = ""  # HostCapabilities.timing_variant
 
     @classmethod
     def for_host(cls, host: HostHooks) -> ProfileKey:
@@ -241,13 +242,17 @@ class ProfileKey:
         caps = host.capabilities()
         spec = host.model_spec()
         return cls(host=str(host.name), engine_version=str(caps.engine_version), model=str(spec.path),
-                   device=str(caps.device), dtype=str(spec.dtype))
+                   device=str(caps.device), dtype=str(spec.dtype), variant=str(caps.timing_variant))
 
     def file_name(self) -> str:
         """A filesystem-safe, collision-free name: readable parts plus a hash of the exact key."""
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:16]
-        readable = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part)[-40:].strip("_") or "x"
-                            for part in (self.host, Path(self.model).name or self.model, self.device, self.dtype))
+        exact = dataclasses.asdict(self)
+        if not self.variant:
+            del exact["variant"]  # profiles stored before variants existed keep their names
+        digest = hashlib.sha256(json.dumps(exact, sort_keys=True).encode()).hexdigest()[:16]
+        parts = (self.host, Path(self.model).name or self.model, self.device, self.dtype) + \
+            ((self.variant,) if self.variant else ())
+        readable = "-".join(re.sub(r"[^A-Za-z0-9._]+", "_", part)[-40:].strip("_") or "x" for part in parts)
         return f"{readable}-{digest}.json"
 
 

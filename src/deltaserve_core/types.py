@@ -209,6 +209,9 @@ class HostCapabilities:
       fine-tuning-only steps.
     - ``max_finetune_tokens_per_step``: largest number of fine-tuning tokens one step may carry (the host's
       token budget minus nothing else); the core never injects more.
+    - ``timing_variant``: any engine setting beyond version, model, device and dtype that changes how long a step
+      takes (vLLM: ``"async"`` under async scheduling); calibration profiles are stored per variant, so a profile
+      measured under one setting is never reused under another. Empty for hosts with one way of running.
     """
 
     engine: str
@@ -220,6 +223,7 @@ class HostCapabilities:
     device: str = "cpu"
     supports_abort: bool = True
     max_finetune_tokens_per_step: int = 4096
+    timing_variant: str = ""
 
     def __post_init__(self) -> None:
         if not self.graph_modes:

@@ -49,7 +49,7 @@ class ChannelHooks:
 
     def _init_hooks(self, channel: Channel, *, lora_owner: Any, finetune_lora_id: int, finetune_dir: Path,
                     hf_config: Any, model_path: str, dtype: str, device: str, max_lora_rank: int,
-                    max_batch_tokens: int, engine: str, engine_version: str) -> None:
+                    max_batch_tokens: int, engine: str, engine_version: str, timing_variant: str = "") -> None:
         self._channel = channel
         self._lora_owner = lora_owner
         self._finetune_lora_id = finetune_lora_id
@@ -63,7 +63,7 @@ class ChannelHooks:
             engine=engine, engine_version=engine_version, mixed_batches=True,
             graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH} if channel.graph_sizes.enabled
                                   else {ExecutionMode.EAGER}), activation_dtype=dtype, device=device,
-            supports_abort=True, max_finetune_tokens_per_step=max_batch_tokens)
+            supports_abort=True, max_finetune_tokens_per_step=max_batch_tokens, timing_variant=timing_variant)
 
     def capabilities(self) -> HostCapabilities:
         return self._capabilities

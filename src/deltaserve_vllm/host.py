@@ -178,7 +178,9 @@ class VllmHost(ChannelHooks):
                          finetune_dir=self._tmp / "finetune", hf_config=AutoConfig.from_pretrained(config.model),
                          model_path=str(config.model), dtype=config.dtype, device=config.device,
                          max_lora_rank=config.max_lora_rank, max_batch_tokens=config.max_batch_tokens,
-                         engine=dist, engine_version=version)
+                         engine=dist, engine_version=version,
+                         # overlapped steps time differently from synchronous ones: separate calibration profiles
+                         timing_variant="async" if self._overlapped else "")
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
 

@@ -111,7 +111,8 @@ class EngineHost(ChannelHooks):
                          device="cpu" if current_platform.is_cpu() else str(current_platform.device_type),
                          max_lora_rank=vllm_config.lora_config.max_lora_rank,
                          max_batch_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-                         engine=dist, engine_version=version)
+                         engine=dist, engine_version=version,
+                         timing_variant="async" if vllm_config.scheduler_config.async_scheduling else "")
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A new folder per version: the API server's resolver maps a client's model name to a folder once and
