@@ -15,6 +15,7 @@ from deltaserve_core.bench.metrics import (
     StepSample,
     SystemRun,
     percentile,
+    step_row,
     summarize,
     timeline,
     write_results,
@@ -92,6 +93,14 @@ def test_write_results(tmp_path: Path) -> None:
     assert json.loads(paths["json"].read_text())["systems"]["a"]["y"] is None
     assert list(csv.DictReader(open(paths["summary_csv"]))) == [{"system": "a", "x": "1.0", "y": "nan"}]
     assert list(csv.DictReader(open(paths["requests_csv"])))[0]["request_id"] == "r"
+    assert "steps_csv" not in paths  # no steps, no file
+    steps = [step_row("a", StepSample(0.5, 0.2, True, 64, "eager", 0.25, 10, 3, 2)),
+             step_row("a", StepSample(1.0, 0.1, False, 32, "eager"))]
+    paths = write_results(tmp_path, "s", result, rows, steps)
+    got = list(csv.DictReader(open(paths["steps_csv"])))
+    assert got[0] == {"system": "a", "start_s": "0.5", "duration_s": "0.2", "predicted_s": "0.25", "mode": "eager",
+                      "prefill_tokens": "10", "decodes": "3", "ft_rows": "2", "ft_tokens": "64"}
+    assert got[1]["predicted_s"] == ""  # unpriced step
 
 
 # -------------------------------------------------------------------------------------------- policies

@@ -88,7 +88,7 @@ def test_harvest_inputs_and_files(bench_result: dict) -> None:
     assert result["dedicated"]["finetune_tokens_per_s"] > 0
     assert result["dedicated"]["backward_threads"] >= 1
     assert 0 < result["bare_idle_fraction"] <= 1
-    for key in ("json", "summary_csv", "requests_csv", "png"):
+    for key in ("json", "summary_csv", "requests_csv", "steps_csv", "png"):
         assert Path(result["files"][key]).is_file(), key
     saved = json.loads(Path(result["files"]["json"]).read_text())
     assert saved["trace"]["requests"] == 7 and set(saved["timelines"]) == set(SYSTEMS)
