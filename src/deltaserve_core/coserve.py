@@ -527,8 +527,10 @@ class CoServer:
     @property
     def finished(self) -> bool:
         bw = self.backward
+        # pending host work (the last install or publish) keeps the job unfinished, so hosts keep offering the
+        # idle step it runs in
         return (self.pool.finished and bw is not None and not bw.busy and not self._pending_ids
-                and self._recovering is None)
+                and self._recovering is None and not self._host_work)
 
     def _maybe_log(self) -> None:
         now = time.monotonic()
