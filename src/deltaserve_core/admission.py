@@ -191,10 +191,12 @@ class Admission:
             return math.inf
         if not self.model.is_ready:
             return 0.0
-        budget = step_budget(batch, self.slo, self.model, mixed_batches=self.mixed_batches,
-                             deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
-        limit = (budget.delta - self.overhead_s) / self.safety
+        limit = (self._budget(batch).delta - self.overhead_s) / self.safety
         return max(0.0, limit - self.model.predict_batch(batch))
+
+    def _budget(self, batch: ProposedBatch) -> StepBudget:
+        return step_budget(batch, self.slo, self.model, mixed_batches=self.mixed_batches,
+                           deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
 
     def _deferred_mode(self, batch: ProposedBatch) -> ExecutionMode | None:
         if self.decode_mode is None or self.mixed_batches:
@@ -231,8 +233,7 @@ class Admission:
             return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.NOT_CALIBRATED)
 
         # Lines 8-10; the same pass collects the inference batch's shape.
-        budget = step_budget(batch, self.slo, model, mixed_batches=self.mixed_batches,
-                             deferred_mode=self._deferred_mode(batch), ft_only_budget_s=self.ft_only_budget_s)
+        budget = self._budget(batch)
         delta = budget.delta
 
         # Lines 11-13, in the host's own mode. Σ(nᵢ+B_d)² = Σn² + 2·B_d·Σn + p·B_d², exact in integers;

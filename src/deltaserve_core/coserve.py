@@ -354,11 +354,12 @@ class CoServer:
             self.model.observe(record)
             return
         self.stats.steps += 1
-        predicted = self._predicted.pop(record.step_id, None)
-        if predicted is not None and predicted[0] == predicted[0] and record.duration_s > 0:  # skip NaN
-            self.stats.estimator_errors[record.mode.value].append(abs(predicted[0] - record.duration_s) / record.duration_s)
+        entry = self._predicted.pop(record.step_id, None)
+        predicted = entry[0] if entry is not None and entry[0] == entry[0] else None  # NaN: unpriced
+        if predicted is not None and record.duration_s > 0:
+            self.stats.estimator_errors[record.mode.value].append(abs(predicted - record.duration_s) / record.duration_s)
         if self.margin is not None:
-            self.margin.observe(record, predicted[0] if predicted is not None and predicted[0] == predicted[0] else None)
+            self.margin.observe(record, predicted)
             self._core_admission.safety = self.margin.factor
             self._core_admission.overhead_s = self.margin.overhead_s
         self.model.observe(record)

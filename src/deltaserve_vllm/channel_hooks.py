@@ -49,8 +49,10 @@ class ChannelHooks:
 
     def _init_hooks(self, channel: Channel, *, lora_owner: Any, finetune_lora_id: int, finetune_dir: Path,
                     hf_config: Any, model_path: str, dtype: str, device: str, max_lora_rank: int,
-                    max_batch_tokens: int, engine: str, engine_version: str, timing_variant: str = "") -> None:
+                    max_batch_tokens: int, engine: str, engine_version: str, timing_variant: str = "",
+                    lend_weights: bool = True) -> None:
         self._channel = channel
+        self._lend_weights = lend_weights
         self._lora_owner = lora_owner
         self._finetune_lora_id = finetune_lora_id
         self._finetune_dir = finetune_dir
@@ -90,7 +92,7 @@ class ChannelHooks:
 
     def base_weights(self) -> Mapping[str, torch.Tensor] | None:
         """:class:`~deltaserve_core.hooks.LendsBaseWeights`: views of the worker's weights, or None (reason logged)."""
-        if not getattr(self, "_lend_weights", True):
+        if not self._lend_weights:
             log.info("vLLM lends no base weights: switched off (lend_base_weights=false)")
             return None
         if not self._channel.worker_attached:

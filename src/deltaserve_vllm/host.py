@@ -111,7 +111,6 @@ class VllmHost(ChannelHooks):
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         self._async = _async_scheduling(opts.get("async_scheduling"), cuda)
         self._cpu_batch_queue = _flag(opts.get("cpu_batch_queue"), False)
-        self._lend_weights = _flag(opts.get("lend_base_weights"), True)
         if self._cpu_batch_queue and cuda:
             raise ValueError("cpu_batch_queue is a CPU test mode; on CUDA use async_scheduling=true")
         #: whether engine.step() can schedule a step before processing the previous one (two steps in flight)
@@ -180,7 +179,8 @@ class VllmHost(ChannelHooks):
                          max_lora_rank=config.max_lora_rank, max_batch_tokens=config.max_batch_tokens,
                          engine=dist, engine_version=version,
                          # overlapped steps time differently from synchronous ones: separate calibration profiles
-                         timing_variant="async" if self._overlapped else "")
+                         timing_variant="async" if self._overlapped else "",
+                         lend_weights=_flag(opts.get("lend_base_weights"), True))
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
 
