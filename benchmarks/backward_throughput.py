@@ -12,8 +12,10 @@ noise on a shared CPU is ±30 %):
 * ``plain``: :func:`deltaserve_core.lora_backward.plain_peft_step`, i.e. what a user writes with transformers + PEFT:
   per-sample forward with loss, backward, one AdamW step per backward batch (256 tokens by default).
 * ``deltaserve``: :meth:`LoraBackward.train_step` on the layer inputs a host captured: per-layer recompute +
-  backward + AdamW. This is the work the backward process adds; the forward already ran inside the host's batch.
-* ``deltaserve_fast``: the same with ``head_on_targets_only=True`` (output head skipped on prompt rows).
+  backward + AdamW, the batch's samples packed into one sequence per layer (the default ``pack_tokens``). This is
+  the work the backward process adds; the forward already ran inside the host's batch.
+* ``deltaserve_per_sample``: the same with ``pack_tokens=0`` (one sample per unit: bit-identical to ``plain``).
+* ``deltaserve_fast``: packed, with ``head_on_targets_only=True`` (output head skipped on prompt rows).
 * ``capture``: the host-side forward that produced the captures (PEFT forward + pre-hooks copying each layer input),
   reported so the total cost of a DeltaServe-trained token is visible too.
 
@@ -141,6 +143,7 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
     state = LoraAdapterState("bench", 0, LoraConfigSpec(r=16, lora_alpha=32.0, target_modules=TARGETS), tensors)
     clone = lambda: state.with_tensors({k: v.clone() for k, v in tensors.items()}, version=0)  # noqa: E731
     trainer = LoraBackward(base_ours, clone(), TrainerConfig())
+    trainer_unpacked = LoraBackward(base_ours, clone(), TrainerConfig(pack_tokens=0))
     trainer_fast = LoraBackward(base_ours, clone(), TrainerConfig(head_on_targets_only=True))
     ref_opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
     cfg = base_ours.config
@@ -148,7 +151,8 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
     buffer = ActivationBuffer(cfg.num_hidden_layers, cfg.hidden_size,
                               capacity_tokens=max(sum(s.num_tokens for s in b) for b in batches), dtype=dtype,
                               device=device, offload_to_host=args.offload)
-    times: dict[str, list[float]] = {"plain": [], "deltaserve": [], "deltaserve_fast": [], "capture": []}
+    times: dict[str, list[float]] = {"plain": [], "deltaserve": [], "deltaserve_per_sample": [], "deltaserve_fast": [],
+                                     "capture": []}
     tokens_done = 0
     layer_bwd: list[float] = []
     step_id = 0
@@ -169,12 +173,14 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
                 peft_model.train()
                 caps = buffer.captured_many([s.sample_id for s in batch])
                 dt, res = timed(device, lambda: trainer.train_step(caps))
+                dt_unpacked, _ = timed(device, lambda: trainer_unpacked.train_step(caps))
                 dt_fast, _ = timed(device, lambda: trainer_fast.train_step(caps))
                 for s in batch:
                     buffer.release(s.sample_id)
                 if record:
                     times["capture"].append(dt_cap)
                     times["deltaserve"].append(dt)
+                    times["deltaserve_per_sample"].append(dt_unpacked)
                     times["deltaserve_fast"].append(dt_fast)
                     layer_bwd.extend(res.layer_times_s)
         step_id += 1
@@ -225,6 +231,7 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
         "tokens_per_s": {k: round(tps(k), 2) for k in times},
         "median_step_s": {k: round(statistics.median(v), 5) for k, v in times.items()},
         "ratio_deltaserve_vs_plain": round(tps("deltaserve") / tps("plain"), 4),
+        "ratio_deltaserve_per_sample_vs_plain": round(tps("deltaserve_per_sample") / tps("plain"), 4),
         "ratio_deltaserve_fast_vs_plain": round(tps("deltaserve_fast") / tps("plain"), 4),
         "ratio_capture_plus_deltaserve_vs_plain": round(
             tokens_done / (sum(times["capture"]) + sum(times["deltaserve"])) / tps("plain"), 4),

@@ -45,13 +45,33 @@ def test_batcher_accumulates_to_backward_batch_tokens() -> None:
     assert b.flush() == [4]
 
 
-def test_grant_is_checked_at_every_layer_boundary_and_cancel_leaves_adapter(tiny_llama: tuple[str, str]) -> None:
+@pytest.mark.parametrize(("limit", "lengths", "groups"), [
+    (0, [5, 5, 5], [[0], [1], [2]]),
+    (10, [5, 5, 5], [[0, 1], [2]]),
+    (10, [12, 3, 8, 2], [[0], [1], [2, 3]]),  # a sample over the limit is a unit of its own
+    (2048, [5, 5, 5], [[0, 1, 2]]),
+])
+def test_units_pack_whole_samples_in_order(tiny_llama: tuple[str, str], limit: int, lengths: list[int],
+                                           groups: list[list[int]]) -> None:
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    trainer = LoraBackward(AutoModelForCausalLM.from_pretrained(tiny_llama[0], dtype=torch.float32),
+                           LoraAdapterState.load_pretrained(tiny_llama[1]), TrainerConfig(pack_tokens=limit))
+    assert trainer.units([SimpleNamespace(num_tokens=n) for n in lengths]) == groups
+
+
+@pytest.mark.parametrize("pack_tokens", [0, 2048])
+def test_grant_is_checked_at_every_layer_boundary_and_cancel_leaves_adapter(tiny_llama: tuple[str, str],
+                                                                            pack_tokens: int) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     model_dir, adapter_dir = tiny_llama
     state = LoraAdapterState.load_pretrained(adapter_dir)
-    trainer = LoraBackward(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), state)
+    trainer = LoraBackward(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), state,
+                           TrainerConfig(pack_tokens=pack_tokens))
     capture = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
                                         adapter_dir)
     batch = make_batches(2, 1, 2, 200)[0]
@@ -63,14 +83,17 @@ def test_grant_is_checked_at_every_layer_boundary_and_cancel_leaves_adapter(tiny
         samples = buffer.captured_many([s.sample_id for s in batch])
         calls: list[int] = []
         trainer.train_step(samples, grant=lambda: calls.append(1))
-        # before each (layer, sample) unit, before each sample's output head, and before the optimizer step
-        assert len(calls) == trainer.num_layers * len(batch) + len(batch) + 1
+        # before each (layer, unit), before each unit's output head, and before the optimizer step; a unit is one
+        # sample unpacked, both samples packed
+        units = len(trainer.units(samples))
+        assert units == (len(batch) if pack_tokens == 0 else 1)
+        assert len(calls) == trainer.num_layers * units + units + 1
         before = {k: p.detach().clone() for k, p in trainer.params.items()}
         calls.clear()
 
         def cancel_midway() -> None:
             calls.append(1)
-            if len(calls) > len(samples) + 3:
+            if len(calls) > units + 1:  # past the top layer and its head
                 raise BackwardCancelled("test")
 
         with pytest.raises(BackwardCancelled):

@@ -6,8 +6,11 @@ captures every layer input with forward pre-hooks on a PEFT model that holds the
 (what a host serving the fine-tuning adapter does: no admission while a backward runs), then trains on the captures.
 
 Tolerance: 1e-5 relative (max abs difference / max abs reference) on gradients of every step, on final weights and on
-the weight *change* (AdamW's early steps are close to sign(grad), so weights alone would hide gradient errors). In
-practice the fp32 results are bit-identical on CPU.
+the weight *change* (AdamW's early steps are close to sign(grad), so weights alone would hide gradient errors). With
+one sample per unit (``pack_tokens=0``) the fp32 results are bit-identical on CPU in practice. Packed units (the
+default) run the same math on other matmul/attention shapes, so gradients differ by rounding (~1e-6); AdamW divides
+each gradient entry by its own magnitude, which turns that into up to ~1e-4 of the largest update on entries whose
+gradient is near ``eps``, so the weight-change bound is ``PACKED_DELTA_TOL`` there.
 
 The spawned-process variant (and crash/restart) is in tests/test_backward_process.py.
 """
@@ -27,12 +30,14 @@ import torch
 
 from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec
-from deltaserve_core.lora_backward import LoraBackward, plain_peft_step
+from deltaserve_core.lora_backward import LoraBackward, TrainerConfig, plain_peft_step
 from deltaserve_core.types import FineTuneSample
 
 pytestmark = pytest.mark.exactness
 
 TOL = 1e-5
+PACKED_DELTA_TOL = 2e-4
+PACKING = [pytest.param(0, id="per-sample"), pytest.param(2048, id="packed")]
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -105,7 +110,8 @@ def run_deltaserve_vs_reference(ref_model: torch.nn.Module, capture_model: torch
     w_err = max_rel_err(dict(trainer.params), ref_w)
     d_err = max_rel_err({k: trainer.params[k].detach() - init[k] for k in init}, {k: ref_w[k] - init[k] for k in init})
     assert w_err <= TOL, f"weights rel err {w_err:.3g}"
-    assert d_err <= TOL, f"weight-change rel err {d_err:.3g}"
+    delta_tol = TOL if trainer.config.pack_tokens == 0 else PACKED_DELTA_TOL
+    assert d_err <= delta_tol, f"weight-change rel err {d_err:.3g}"
     assert buffer.free_tokens == buffer.capacity_tokens
     return {"grad": worst_grad, "weights": w_err, "delta": d_err}
 
@@ -116,7 +122,8 @@ def run_deltaserve_vs_reference(ref_model: torch.nn.Module, capture_model: torch
 # ------------------------------------------------------------------------------------------ tests
 
 
-def test_llama_three_steps_match_plain_peft(tiny_llama: tuple[str, str]) -> None:
+@pytest.mark.parametrize("pack_tokens", PACKING)
+def test_llama_three_steps_match_plain_peft(tiny_llama: tuple[str, str], pack_tokens: int) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -125,7 +132,8 @@ def test_llama_three_steps_match_plain_peft(tiny_llama: tuple[str, str]) -> None
     ref = PeftModel.from_pretrained(load(), adapter_dir, is_trainable=True)
     capture = PeftModel.from_pretrained(load(), adapter_dir)
     state = LoraAdapterState.load_pretrained(adapter_dir)
-    trainer = LoraBackward(load(), state.with_tensors({k: v.clone() for k, v in state.tensors.items()}, version=0))
+    trainer = LoraBackward(load(), state.with_tensors({k: v.clone() for k, v in state.tensors.items()}, version=0),
+                           TrainerConfig(pack_tokens=pack_tokens))
     buffer = ActivationBuffer(3, 64, capacity_tokens=512)
     try:
         errs = run_deltaserve_vs_reference(ref, capture, trainer, buffer,
@@ -135,7 +143,8 @@ def test_llama_three_steps_match_plain_peft(tiny_llama: tuple[str, str]) -> None
     print(f"llama exactness: {errs}")
 
 
-def test_qwen3_sliding_window_and_mlp_targets_match_plain_peft() -> None:
+@pytest.mark.parametrize("pack_tokens", PACKING)
+def test_qwen3_sliding_window_and_mlp_targets_match_plain_peft(pack_tokens: int) -> None:
     """Another family (Qwen3: q/k norms, per-layer sliding/full attention) and LoRA on MLP linears too."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -160,7 +169,7 @@ def test_qwen3_sliding_window_and_mlp_targets_match_plain_peft() -> None:
     capture = copy.deepcopy(ref)
     state = LoraAdapterState("qwen3-ft", 0, LoraConfigSpec(r=4, lora_alpha=8.0, target_modules=targets),
                              {k: v.detach().clone() for k, v in lora_tensors(ref).items()})
-    trainer = LoraBackward(ours_base, state)
+    trainer = LoraBackward(ours_base, state, TrainerConfig(pack_tokens=pack_tokens))
     buffer = ActivationBuffer(3, 64, capacity_tokens=512)
     try:
         errs = run_deltaserve_vs_reference(ref, capture, trainer, buffer,

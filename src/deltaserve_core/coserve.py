@@ -193,7 +193,8 @@ class CoServer:
         self.backward = BackwardProcess(
             base, adapter, self.buffer,
             config=TrainerConfig(lr=self.job.lr, weight_decay=self.job.weight_decay,
-                                 backward_batch_tokens=self.job.backward_batch_tokens),
+                                 backward_batch_tokens=self.job.backward_batch_tokens,
+                                 pack_tokens=self.job.pack_tokens),
             checkpoint_dir=self.job.checkpoint.dir, keep_checkpoints=self.job.checkpoint.keep,
             hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads)
         self.backward.start(resume=self.resume)

@@ -11,6 +11,7 @@ key, the value and what would be accepted.
     optimizer: {lr: 1.0e-3, weight_decay: 0.01}
     epochs: 1
     backward_batch_tokens: 256
+    pack_tokens: 2048                      # samples per backward unit, in tokens (0: one sample, bit-identical)
     max_length: 512
     overflow: truncate                     # or skip
     buffer_tokens: 4096                    # activation buffer capacity S_max
@@ -70,6 +71,7 @@ class JobConfig:
     weight_decay: float = 0.01
     epochs: int = 1
     backward_batch_tokens: int = 256
+    pack_tokens: int = 2048
     max_length: int = 512
     overflow: str = "truncate"
     buffer_tokens: int = 4096
@@ -89,6 +91,8 @@ class JobConfig:
         need(self.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
         need(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
         need(self.backward_batch_tokens > 0, "backward_batch_tokens", f"must be > 0, got {self.backward_batch_tokens}")
+        need(self.pack_tokens >= 0, "pack_tokens", f"must be >= 0 (0: one sample per backward unit), got "
+             f"{self.pack_tokens}")
         need(self.max_length >= 2, "max_length", f"must be >= 2 tokens, got {self.max_length}")
         need(self.overflow in ("truncate", "skip"), "overflow", f"must be 'truncate' or 'skip', got {self.overflow!r}")
         need(self.buffer_tokens > 0, "buffer_tokens", f"must be > 0 (activation buffer size in tokens), got "
@@ -126,7 +130,8 @@ def _section(raw: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, 
         raise JobConfigError(f"job config: {key}: {exc}") from exc
 
 
-_TOP = {"dataset", "adapter_name", "lora", "optimizer", "epochs", "backward_batch_tokens", "max_length", "overflow",
+_TOP = {"dataset", "adapter_name", "lora", "optimizer", "epochs", "backward_batch_tokens", "pack_tokens", "max_length",
+        "overflow",
         "buffer_tokens", "slo", "checkpoint", "publish", "dataset_format", "seed"}
 
 
@@ -149,7 +154,7 @@ def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None
     ckpt = _section(raw, "checkpoint", CheckpointSpec)
     if base_dir is not None and not os.path.isabs(ckpt.dir):
         ckpt = CheckpointSpec(str((base_dir / ckpt.dir).resolve()), ckpt.every_steps, ckpt.keep)
-    top = {k: raw[k] for k in ("adapter_name", "epochs", "backward_batch_tokens", "max_length", "overflow",
+    top = {k: raw[k] for k in ("adapter_name", "epochs", "backward_batch_tokens", "pack_tokens", "max_length", "overflow",
                                "buffer_tokens", "dataset_format", "seed") if k in raw}
     try:
         return JobConfig(
