@@ -203,3 +203,25 @@ def test_layer_kwargs_come_from_the_models_own_forward(tiny_llama: tuple[str, st
                 assert rel_err(out[0], cap.hidden[li + 1]) <= 1e-6
     finally:
         buffer.close()
+
+
+def test_packed_peft_step_matches_the_per_sample_loop(tiny_llama: tuple[str, str]) -> None:
+    """The split-pool baseline's trainer (transformers' padding-free packing) trains like the reference loop."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from deltaserve_core.lora_backward import packed_peft_step
+
+    model_dir, adapter_dir = tiny_llama
+    models, grads = [], []
+    for step in (plain_peft_step, lambda m, o, b: packed_peft_step(m, o, b, pack_tokens=60)):
+        m = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                      adapter_dir, is_trainable=True)
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
+        losses = [step(m, opt, batch) for batch in make_batches(4, 2, 5, m.config.vocab_size)]
+        models.append((m, losses))
+        grads.append({k: p.grad.clone() for k, p in lora_tensors(m).items()})
+    (ref, ref_losses), (packed, packed_losses) = models
+    assert sum(packed_losses) == pytest.approx(sum(ref_losses), rel=1e-5)
+    assert max_rel_err(grads[1], grads[0]) <= TOL
+    assert max_rel_err(lora_tensors(packed), lora_tensors(ref)) <= TOL

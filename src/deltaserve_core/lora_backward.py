@@ -50,6 +50,7 @@ __all__ = [
     "BackwardBatcher",
     "BackwardCancelled",
     "plain_peft_step",
+    "packed_peft_step",
     "decoder_parts",
 ]
 
@@ -508,6 +509,44 @@ def plain_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer,
         labels = ids.clone()
         labels[0, ~torch.tensor(s.loss_mask, device=device)] = -100
         out = peft_model(input_ids=ids, labels=labels, num_items_in_batch=total_targets, use_cache=False)
+        out.loss.backward()
+        total += float(out.loss.detach())
+    optimizer.step()
+    return total
+
+
+def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[FineTuneSample],
+                     pack_tokens: int = 2048) -> float:
+    """:func:`plain_peft_step` the way a throughput-minded user writes it: transformers' padding-free packing.
+
+    Samples are concatenated into sequences of up to ``pack_tokens`` tokens (whole samples, in order) with
+    ``position_ids`` restarting per sample, which transformers turns into a block-diagonal causal mask (what
+    ``DataCollatorWithFlattening`` produces); each sample's first label is ``-100`` so no row predicts across a
+    boundary. Same loss and gradients as the per-sample loop up to rounding. The split-pool baseline's trainer uses
+    it, so the baseline batches as well as DeltaServe's packed backward does.
+    """
+    if pack_tokens <= 0:
+        return plain_peft_step(peft_model, optimizer, samples)
+    total_targets = sum(s.num_targets for s in samples)
+    device = next(peft_model.parameters()).device
+    groups: list[list[FineTuneSample]] = []
+    size = 0
+    for s in samples:
+        if not groups or size + s.num_tokens > pack_tokens:
+            groups.append([])
+            size = 0
+        groups[-1].append(s)
+        size += s.num_tokens
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for group in groups:
+        ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.long, device=device)[None]
+        pos = torch.tensor([i for s in group for i in range(s.num_tokens)], dtype=torch.long, device=device)[None]
+        labels = ids.clone()
+        keep = torch.tensor([m and i > 0 for s in group for i, m in enumerate(s.loss_mask)], device=device)
+        labels[0, ~keep] = -100
+        out = peft_model(input_ids=ids, position_ids=pos, labels=labels, num_items_in_batch=total_targets,
+                         use_cache=False)
         out.loss.backward()
         total += float(out.loss.detach())
     optimizer.step()

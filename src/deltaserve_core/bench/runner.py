@@ -74,6 +74,7 @@ class BenchConfig:
     dataset: str | None = None
     ft_max_length: int = 256
     backward_batch_tokens: int = 256
+    pack_tokens: int = 2048
     buffer_tokens: int = 2048
     dedicated_s: float = 10.0
     max_batch_tokens: int = 2048
@@ -248,7 +249,8 @@ def _job(cfg: BenchConfig, ttft: float, tpot: float, ckpt: str) -> Any:
 
     return JobConfig(dataset=str(cfg.dataset or demo_dataset_path()), adapter_name="bench-adapter",
                      max_length=cfg.ft_max_length, buffer_tokens=cfg.buffer_tokens,
-                     backward_batch_tokens=cfg.backward_batch_tokens, slo=SLOSpec(ttft_s=ttft, tpot_s=tpot),
+                     backward_batch_tokens=cfg.backward_batch_tokens, pack_tokens=cfg.pack_tokens,
+                     slo=SLOSpec(ttft_s=ttft, tpot_s=tpot),
                      checkpoint=CheckpointSpec(dir=ckpt, every_steps=0, keep=1), publish=PublishSpec(policy="never"),
                      seed=cfg.seed, epochs=100)
 
@@ -603,7 +605,7 @@ def _run_split(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _P
     cpu = cfg.device == "cpu"
     inf_cores, ft_cores = split_cores(cfg.split_inference_share) if cpu else (None, None)
     spec = TrainerSpec(model_path=str(host.model_spec().path), samples=samples_for_trainer(order), lora=job.lora,
-                       lr=job.lr, batch_tokens=job.backward_batch_tokens,
+                       lr=job.lr, batch_tokens=job.backward_batch_tokens, pack_tokens=job.pack_tokens,
                        device=cfg.split_ft_device or cfg.device, dtype=cfg.dtype,
                        cores=frozenset(ft_cores) if ft_cores else None, mps_percentage=cfg.split_mps_percentage,
                        seed=cfg.seed)
@@ -710,6 +712,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=None, help="fine-tuning data (default: the Alpaca demo set)")
     p.add_argument("--dedicated", type=float, default=10.0, help="seconds of fine-tuning-only run for harvest")
     p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--backward-batch-tokens", type=int, default=256,
+                   help="tokens per optimizer step, every fine-tuning system alike (default 256, the paper's)")
+    p.add_argument("--pack-tokens", type=int, default=2048,
+                   help="samples packed per backward unit, every fine-tuning system alike (0: one sample per unit)")
+    p.add_argument("--buffer-tokens", type=int, default=2048, help="activation buffer size S_max (tokens)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="host option")
     p.add_argument("--split-share", type=float, default=0.5, help="split pool: inference share of the cores")
@@ -735,6 +742,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        scale=None if args.scale == "auto" else float(args.scale), load=args.load, seed=args.seed,
                        lengths=args.lengths, max_prompt=args.max_prompt, max_output=args.max_output,
                        ttft_s=args.ttft, tpot_s=args.tpot, dataset=args.dataset, dedicated_s=args.dedicated,
+                       backward_batch_tokens=args.backward_batch_tokens, pack_tokens=args.pack_tokens,
+                       buffer_tokens=args.buffer_tokens,
                        max_batch_tokens=args.max_batch_tokens, max_running_requests=args.max_running,
                        host_options=opts, split_inference_share=args.split_share,
                        split_ft_device=args.split_ft_device, split_mps_percentage=args.split_mps_percentage,

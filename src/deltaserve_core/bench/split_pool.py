@@ -8,9 +8,11 @@ share is:
 * CUDA: another device (``device="cuda:1"``), or the same one under MPS with
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` set for the trainer (``mps_percentage``); the MPS daemon must already run.
 
-The trainer is what a user writes with transformers + PEFT (:func:`~deltaserve_core.lora_backward.plain_peft_step`:
-forward with loss, backward, AdamW per batch of ``batch_tokens``), over the same tokenised samples the co-served
-job trains on, cycling through them. Throughput counts every token of every trained sample, as the co-served
+The trainer is what a user writes with transformers + PEFT (:func:`~deltaserve_core.lora_backward.packed_peft_step`:
+the batch's samples packed padding-free into sequences of up to ``pack_tokens``, forward with loss, backward, AdamW
+per batch of ``batch_tokens``; ``pack_tokens=0`` is the per-sample loop), over the same tokenised samples the
+co-served job trains on, cycling through them. It packs exactly as the co-served backward does, so neither side
+wins on batching alone. Throughput counts every token of every trained sample, as the co-served
 systems do. The model loads before :meth:`DedicatedTrainer.begin`, so load time is not counted.
 """
 
@@ -69,6 +71,7 @@ class TrainerSpec:
     lora: LoraConfigSpec
     lr: float = 1e-3
     batch_tokens: int = 256
+    pack_tokens: int = 2048
     device: str = "cpu"
     dtype: str = "float32"
     cores: frozenset[int] | None = None
@@ -86,7 +89,7 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from ..lora_backward import plain_peft_step
+    from ..lora_backward import packed_peft_step
     from ..types import FineTuneSample
 
     torch.set_num_threads(len(spec.cores) if spec.cores else 1)
@@ -100,7 +103,7 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=spec.lr)
     samples = [FineTuneSample(i, ids, mask) for i, (ids, mask) in enumerate(spec.samples)]
     # One warm-up step: first steps pay for allocator growth, and the co-served backward has been warm for a while.
-    plain_peft_step(model, opt, samples[:1])
+    packed_peft_step(model, opt, samples[:1], spec.pack_tokens)
     out.put(("ready", time.monotonic(), 0))
     if ctl.get() != "go":
         return
@@ -112,7 +115,7 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
             batch.append(s)
             tokens += s.num_tokens
             i += 1
-        plain_peft_step(model, opt, batch)
+        packed_peft_step(model, opt, batch, spec.pack_tokens)
         if spec.device.startswith("cuda"):
             torch.cuda.synchronize()
         out.put(("step", time.monotonic(), tokens))
