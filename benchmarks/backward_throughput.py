@@ -60,7 +60,7 @@ import torch  # noqa: E402
 
 from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward  # noqa: E402
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec  # noqa: E402
-from deltaserve_core.lora_backward import LoraBackward, TrainerConfig, plain_peft_step  # noqa: E402
+from deltaserve_core.lora_backward import LoraBackward, TrainerConfig, pack_groups, plain_peft_step  # noqa: E402
 from deltaserve_core.types import FineTuneSample  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -358,14 +358,16 @@ def preemption_latency(args: argparse.Namespace, model: torch.nn.Module, state: 
         bp.close()
         buffer.close()
     # "one layer's compute time" as the child itself ran it (layer_times_s: one layer over the whole batch, pauses
-    # excluded). The grant is checked between units (one layer of one sample, or one sample's output head), so the
-    # expected bound is one unit; the goal is one layer of the batch.
+    # excluded). The grant is checked between units (one layer of one packed group of samples, or one group's
+    # output head), so the expected bound is one unit; the goal is one layer of the batch.
     mean_layer = statistics.fmean(t for lt in child_layers for t in lt)
-    units = (len(child_layers[0]) + 1) * len(batch)
+    groups = len(pack_groups([s.num_tokens for s in batch], TrainerConfig().pack_tokens))
+    units = (len(child_layers[0]) + 1) * groups
     mean_unit = statistics.fmean(sum(lt) / units for lt in child_layers)
     return {
         "child_startup_s": startup,
         "batch_samples": len(batch),
+        "packed_groups": groups,
         "backward_step_s": statistics.median(steps),
         "layer_backward_in_process_s": layer_bwd_s,
         "layer_backward_in_child_mean_s": mean_layer,
@@ -436,7 +438,8 @@ def main(argv: list[str] | None = None) -> dict:
     path.write_text(json.dumps(result, indent=1))
     t = tp["tokens_per_s"]
     print(f"{label} on {result['device']} ({result['dtype']}): plain {t['plain']:.0f} tok/s, deltaserve "
-          f"{t['deltaserve']:.0f} tok/s (ratio {tp['ratio_deltaserve_vs_plain']:.3f}), head-on-targets "
+          f"{t['deltaserve']:.0f} tok/s (ratio {tp['ratio_deltaserve_vs_plain']:.3f}), per-sample units "
+          f"{t['deltaserve_per_sample']:.0f} (ratio {tp['ratio_deltaserve_per_sample_vs_plain']:.3f}), head-on-targets "
           f"{t['deltaserve_fast']:.0f} (ratio {tp['ratio_deltaserve_fast_vs_plain']:.3f}); capture {t['capture']:.0f} "
           f"tok/s; grad rel err {tp['grad_max_rel_err_vs_plain']:.2e}")
     if "preemption" in result:

@@ -25,20 +25,35 @@ def decode(step: int, start: float, duration: float) -> StepRecord:
     return StepRecord(step, start, duration, E, num_decode=3, kv_tokens=40)
 
 
-def test_prior_then_finetune_only_then_mixed_steps_decide_the_factor() -> None:
+def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
     m = SLOMargin(min_samples=2)
     assert m.factor == 1.0
     m.seed(0.25)  # calibration p95 error 25 %
     assert m.factor == pytest.approx(1.25)
     m.observe(alone(0, 0.0, 0.12), 0.1)
-    assert m.factor == pytest.approx(1.25)  # one fine-tuning-only step is not enough to replace the prior
+    assert m.factor == pytest.approx(1.25)  # proxies only ever raise the prior
     m.observe(alone(1, 1.0, 0.15), 0.1)
-    assert m.factor == pytest.approx(1.5)  # fine-tuning-only steps only raise the prior
-    m.observe(mixed(2, 2.0, 0.11), 0.1)
+    assert m.factor == pytest.approx(1.5)  # from the first proxy that shows more error
+    m.observe(mixed(2, 2.0, 0.17), 0.1)
+    assert m.factor == pytest.approx(1.7)  # a mixed step counts at once, before min_samples of them
     m.observe(mixed(3, 3.0, 0.09), 0.1)
-    # mixed steps are the ones the margin protects: once measured, they alone decide
-    assert m.factor == pytest.approx(1.1)
-    assert m.mixed_samples == 2
+    m.observe(mixed(4, 4.0, 0.10), 0.1)
+    # mixed steps are the ones the margin protects: once min_samples are measured, they alone decide
+    assert m.factor == pytest.approx(1.7)
+    assert m.mixed_samples == 3
+    for i in range(5, 40):
+        m.observe(mixed(i, float(i), 0.11), 0.1)
+    assert m.factor == pytest.approx(1.1)  # the early outlier left the window; proxies no longer count
+
+
+def test_eager_inference_steps_are_proxies_graph_steps_are_not() -> None:
+    m = SLOMargin(min_samples=1)
+    m.observe(StepRecord(0, 0.0, 0.03, ExecutionMode.GRAPH, num_decode=3, kv_tokens=40), 0.01)
+    assert m.factor == 1.0  # a replayed decode graph is not what a mixed step runs; its jitter is not evidence
+    m.observe(StepRecord(1, 1.0, 0.18, E, prefill_lengths=(100,), num_decode=3, kv_tokens=40), 0.1)
+    assert m.factor == pytest.approx(1.8)  # an eager step with a prompt, priced by the same model, is a proxy
+    m.observe(mixed(2, 2.0, 0.1), 0.1)
+    assert m.factor == 1.0  # min_samples=1: the one mixed step decides
 
 
 def test_factor_is_the_windows_quantile_clamped_to_one_and_max_factor() -> None:
@@ -69,12 +84,12 @@ def test_overhead_is_time_between_a_step_and_the_next_that_continues_its_decodes
     assert m.overhead_s == pytest.approx(0.008)
 
 
-def test_unpriced_aborted_and_inference_only_steps_leave_the_factor_alone() -> None:
+def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
     m = SLOMargin(min_samples=1)
-    m.observe(decode(0, 0.0, 0.3), 0.1)  # inference only: admission did not fill it
     m.observe(mixed(1, 1.0, 0.3), None)
     aborted = StepRecord(2, 2.0, 0.3, E, aborted_sample_ids=(2,))
     m.observe(aborted, 0.1)
+    m.observe(decode(3, 3.0, 0.3), None)
     assert m.factor == 1.0 and m.mixed_samples == 0
 
 

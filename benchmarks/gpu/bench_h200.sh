@@ -21,6 +21,9 @@ TRACE=${TRACE:-burst-light}
 DURATION=${DURATION:-20}
 SPLIT_MPS=${SPLIT_MPS:-25}
 GPU_UTIL=${GPU_UTIL:-0.45}
+BWD_TOKENS=${BWD_TOKENS:-256}     # tokens per optimizer step, every fine-tuning system alike
+BUFFER=${BUFFER:-2048}            # activation buffer S_max
+NAME=${NAME:-bench_vllm_llama8b-shape_$TRACE}
 MODEL=${MODEL:-/tmp/llama8b-shape}
 X=${X:-.whl/x}
 mkdir -p "$OUT"
@@ -58,6 +61,7 @@ timeout ${T_BENCH:-560} deltaserve bench --host vllm --model "$MODEL" --device c
   --trace "$TRACE" --duration "$DURATION" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
   --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens 8192 --ttft 0.4 --tpot 0.12 \
   --option gpu_memory_utilization=$GPU_UTIL --split-mps-percentage "$SPLIT_MPS" --dedicated 10 \
-  --out "$OUT" --name "bench_vllm_llama8b-shape_$TRACE" --no-progress 2>&1 \
-  | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/bench_vllm_llama8b-shape_${TRACE}.log" | tail -30
+  --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" \
+  --out "$OUT" --name "$NAME" --no-progress 2>&1 \
+  | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/$NAME.log" | tail -30
 echo quit | nvidia-cuda-mps-control 2>/dev/null || true

@@ -51,6 +51,7 @@ __all__ = [
     "BackwardCancelled",
     "plain_peft_step",
     "packed_peft_step",
+    "pack_groups",
     "decoder_parts",
 ]
 
@@ -133,6 +134,41 @@ def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module
     if path is None:
         raise NotImplementedError(f"could not locate the decoder layer list inside {type(model).__name__}")
     return decoder, layers, norm, head, path
+
+
+def pack_groups(lengths: Sequence[int], limit: int) -> list[list[int]]:
+    """Indices of sequences of ``lengths`` grouped greedily, in order, into groups of at most ``limit`` tokens.
+
+    A sequence longer than ``limit`` is a group of its own; ``limit <= 0`` puts every sequence in its own group.
+    """
+    groups: list[list[int]] = []
+    size = 0
+    for i, n in enumerate(lengths):
+        if not groups or limit <= 0 or size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
+
+
+def _attention_without_cudnn(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """SDPA without its cuDNN backend. cuDNN builds an execution plan per new sequence length (measured on an H200:
+    ~150 ms per layer for a length not seen before vs ~5 ms on a repeated one), and packed units have a new length
+    almost every batch; flash / memory-efficient attention have no such cost. Same math, other kernels."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _transformers_packs() -> bool:
+    try:
+        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class _Probe(nn.Module):
@@ -228,6 +264,14 @@ class LoraBackward:
         first = next(iter(model.parameters()))
         self.device = first.device
         self.dtype = first.dtype
+        #: tokens per packed unit actually used: 0 when the installed transformers cannot keep packed samples apart
+        self.pack_tokens = config.pack_tokens if config.pack_tokens <= 0 or _transformers_packs() else 0
+        if self.pack_tokens != config.pack_tokens:
+            import warnings
+
+            warnings.warn("this transformers version does not build block-diagonal masks from packed position_ids "
+                          "(transformers.masking_utils.find_packed_sequence_indices is missing); the backward runs "
+                          "one sample per unit. Upgrade transformers (>= 5.16) for packed units.", stacklevel=2)
 
     # ------------------------------------------------------------------------------------------ pieces
 
@@ -292,16 +336,7 @@ class LoraBackward:
 
     def units(self, samples: Sequence[CapturedSample]) -> list[list[int]]:
         """Indices of ``samples`` grouped into packed units, in order (see :attr:`TrainerConfig.pack_tokens`)."""
-        limit = self.config.pack_tokens
-        groups: list[list[int]] = []
-        size = 0
-        for i, s in enumerate(samples):
-            if not groups or limit <= 0 or size + s.num_tokens > limit:
-                groups.append([])
-                size = 0
-            groups[-1].append(i)
-            size += s.num_tokens
-        return groups
+        return pack_groups([s.num_tokens for s in samples], self.pack_tokens)
 
     def _loss_sum(self, top_out: torch.Tensor, sample: CapturedSample, total_targets: int) -> torch.Tensor:
         """Causal-LM loss of one sample's targets divided by the batch's target count (HF's formula)."""
@@ -357,7 +392,7 @@ class LoraBackward:
         layer_times = [0.0] * self.num_layers
         top = self.num_layers - 1
         sync = self.sync_timing and self.device.type == "cuda"
-        with torch.enable_grad(), self.lora_applied():
+        with torch.enable_grad(), self.lora_applied(), _attention_without_cudnn(self.device):
             for li in range(top, -1, -1):
                 layer = self.layers[li]
                 need_input_grad = li > 0
@@ -525,19 +560,21 @@ def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, sa
     boundary. Same loss and gradients as the per-sample loop up to rounding. The split-pool baseline's trainer uses
     it, so the baseline batches as well as DeltaServe's packed backward does.
     """
-    if pack_tokens <= 0:
+    if pack_tokens <= 0 or not _transformers_packs():  # old transformers would attend across samples
         return plain_peft_step(peft_model, optimizer, samples)
     total_targets = sum(s.num_targets for s in samples)
     device = next(peft_model.parameters()).device
-    groups: list[list[FineTuneSample]] = []
-    size = 0
-    for s in samples:
-        if not groups or size + s.num_tokens > pack_tokens:
-            groups.append([])
-            size = 0
-        groups[-1].append(s)
-        size += s.num_tokens
+    groups = [[samples[i] for i in g] for g in pack_groups([s.num_tokens for s in samples], pack_tokens)]
     optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    with _attention_without_cudnn(device):  # same reason as in LoraBackward.backward
+        total = _packed_forward_backward(peft_model, groups, total_targets, device)
+    optimizer.step()
+    return total
+
+
+def _packed_forward_backward(peft_model: nn.Module, groups: Sequence[Sequence[FineTuneSample]], total_targets: int,
+                             device: torch.device) -> float:
     total = 0.0
     for group in groups:
         ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.long, device=device)[None]
@@ -549,5 +586,4 @@ def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, sa
                          use_cache=False)
         out.loss.backward()
         total += float(out.loss.detach())
-    optimizer.step()
     return total

@@ -15,9 +15,14 @@ leaves out decide whether the *measured* token gap then meets the SLO:
 :class:`SLOMargin` measures both online from the step records and turns them into the two numbers
 :class:`~deltaserve_core.admission.Admission` applies to steps with inference: it holds them to
 ``(Δ − overhead_s) / factor``. ``factor`` is an upper quantile (default: the maximum) of measured ÷ predicted
-over the last ``window`` mixed steps; until ``min_samples`` of them ran it falls back to the same statistic over
-fine-tuning-only steps, and before any step to the calibration's own p95 error (:meth:`seed`). ``overhead_s`` is
-the same quantile of the idle time between a step with inference and the next step that continues its decodes.
+over the last ``window`` mixed steps. Until ``min_samples`` of them ran, it is the largest of: the calibration's
+own p95 error (:meth:`seed`), the mixed steps measured so far, and *proxy* steps -- fine-tuning-only steps and
+eager steps with inference only, priced by the same model in the mode every mixed step runs in. The proxies count
+from the first one, because the first mixed steps are the ones at risk: on the H200 (vLLM, Llama-3-8B shape,
+burst-dense) every eager step ran 1.5–2.1× its prediction while the backward trained beside inference, the prior
+said 1.2, and all three mixed steps admitted before four had been measured overran TPOT (a proxy had shown
+1.8–2.1 on each of the three fine-tuning-only steps before them). ``overhead_s`` is the same quantile of the idle
+time between a step with inference and the next step that continues its decodes.
 
 Fine-tuning-only steps are not held by the margin: no decode waits on them, and a client that arrives during
 one interrupts it at the next layer boundary (hosts with ``supports_abort``) or waits at most the
@@ -29,7 +34,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from .types import StepRecord
+from .types import ExecutionMode, StepRecord
 
 __all__ = ["SLOMargin"]
 
@@ -59,7 +64,7 @@ class SLOMargin:
         self.min_samples = min_samples
         self.max_factor = max_factor
         self._mixed: deque[float] = deque(maxlen=window)
-        self._alone: deque[float] = deque(maxlen=window)
+        self._proxy: deque[float] = deque(maxlen=window)
         self._gaps: deque[float] = deque(maxlen=2 * window)
         self._prior = 1.0
         self._last_end: float | None = None  # end of the previous step, if it had inference
@@ -81,18 +86,23 @@ class SLOMargin:
             if gap >= 0:
                 self._gaps.append(gap)
         self._last_end = record.start_time + record.duration_s if inference else None
-        if (record.finetune_sample_ids and not record.aborted_sample_ids and predicted_s is not None
-                and predicted_s > 0 and record.duration_s > 0):
-            (self._mixed if inference else self._alone).append(record.duration_s / predicted_s)
+        if (not record.aborted_sample_ids and predicted_s is not None and predicted_s > 0
+                and record.duration_s > 0):
+            ratio = record.duration_s / predicted_s
+            if record.finetune_sample_ids:
+                (self._mixed if inference else self._proxy).append(ratio)
+            elif inference and record.mode is ExecutionMode.EAGER:
+                self._proxy.append(ratio)
         self._update()
 
     def _update(self) -> None:
         if len(self._mixed) >= self.min_samples:
             f = _quantile(self._mixed, self.quantile)
-        elif len(self._alone) >= self.min_samples:
-            f = max(self._prior, _quantile(self._alone, self.quantile))
         else:
             f = self._prior
+            for pool in (self._mixed, self._proxy):
+                if pool:
+                    f = max(f, _quantile(pool, self.quantile))
         self.factor = min(self.max_factor, max(1.0, f))
         self.overhead_s = _quantile(self._gaps, self.quantile) if self._gaps else 0.0
 
