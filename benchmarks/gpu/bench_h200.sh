@@ -61,7 +61,7 @@ timeout ${T_BENCH:-560} deltaserve bench --host vllm --model "$MODEL" --device c
   --trace "$TRACE" --duration "$DURATION" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
   --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens 8192 --ttft 0.4 --tpot 0.12 \
   --option gpu_memory_utilization=$GPU_UTIL --split-mps-percentage "$SPLIT_MPS" --dedicated 10 \
-  --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" \
+  --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "${SYSTEMS:-all}" \
   --out "$OUT" --name "$NAME" --no-progress 2>&1 \
   | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/$NAME.log" | tail -30
 echo quit | nvidia-cuda-mps-control 2>/dev/null || true
