@@ -6,10 +6,10 @@
 # between two decode steps: the adapter install after an optimizer step. Results before and after deferring that
 # install: benchmarks/results/bench/h200_deferred_install/{before,after}/.
 #
-# Prerequisites as for bench_h200.sh: .whl/p1..p3 carried in three short calls, then, in the last call with
-# carry=[".whl/p4", ".whl/x"]:  bash benchmarks/gpu/bench_diag_h200.sh      (~5.5 min on a fresh machine)
+# Prerequisites as for bench_h200.sh: the bundle parts but the last carried in short calls, then, in the last call with
+# carry=[".whl/p5", ".whl/x"]:  bash benchmarks/gpu/bench_diag_h200.sh      (~5.5 min on a fresh machine)
 set -uo pipefail
-source .whl/p4/device-install.sh >/dev/null || exit 1
+source "$(ls .whl/p*/device-install.sh | head -1)" >/dev/null || exit 1
 OUT=${OUT:-benchmarks/results/bench}
 NAME=${NAME:-diag}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8 DELTASERVE_CACHE=${DELTASERVE_CACHE:-/tmp/dsc} VLLM_NO_USAGE_STATS=1

@@ -5,9 +5,9 @@
 #
 # Prerequisites:
 #   here:  bash benchmarks/gpu/prepare_bench_h200.sh          (makes .whl/x: tokenizer, lengths.csv, Alpaca set)
-#          and the vLLM wheels as in ../shared/tools/vllm-gpu/README.md (.whl/p1..p4, carried in three short calls)
-#   there: last call with carry=[".whl/p4", ".whl/x"]:
-#          source .whl/p4/device-install.sh && bash benchmarks/gpu/bench_h200.sh
+#          and the vLLM wheels as in ../shared/tools/vllm-gpu/README.md (.whl/p1..p5: each part travels with the working tree under the 64 MiB limit; p1..p4 in short calls)
+#   there: last call with carry=[".whl/p5", ".whl/x"]:
+#          source .whl/p5/device-install.sh && bash benchmarks/gpu/bench_h200.sh
 # Budget: ~8 min on a fresh machine (vLLM's first start compiles Triton kernels ~90 s; building the 16 GB model ~1 min;
 # calibration ~1 min; 6 systems x (20 s trace + ~15 s start-up)). TRACE, DURATION, T_BENCH override the defaults.
 #

@@ -4,7 +4,7 @@
 # own tests, the per-step graph/eager log and the end-to-end exactness measurement through vLLM).
 #
 # Prerequisite on the GPU machine (no network there): vllm==0.26.0 installed by ../shared/tools/vllm-gpu (README:
-# carry .whl/p1..p3 in back-to-back calls, then `source .whl/p4/device-install.sh && bash benchmarks/gpu/vllm_h200.sh`).
+# carry .whl/p1..p4 in back-to-back calls, then `source .whl/p5/device-install.sh && bash benchmarks/gpu/vllm_h200.sh`).
 # Run from the repository root; OUT defaults to benchmarks/results/h200. ~4 min on a fresh machine.
 #
 # The host itself selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), the in-process engine, the

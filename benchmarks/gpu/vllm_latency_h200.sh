@@ -4,8 +4,8 @@
 # (16 layers, hidden 2048, random bf16 weights -- no checkpoint can be fetched on that machine; random weights time
 # the same as trained ones), bf16, vLLM's default async scheduling (AsyncDeltaServeScheduler).
 #
-# Prerequisite: vllm==0.26.0 installed on the GPU machine (../shared/tools/vllm-gpu: carry .whl/p1..p3 in
-# back-to-back calls, then `source .whl/p4/device-install.sh && bash benchmarks/gpu/vllm_latency_h200.sh`).
+# Prerequisite: vllm==0.26.0 installed on the GPU machine (../shared/tools/vllm-gpu: carry .whl/p1..p4 in
+# back-to-back calls, then `source .whl/p5/device-install.sh && bash benchmarks/gpu/vllm_latency_h200.sh`).
 # Run from the repository root; OUT defaults to benchmarks/results/h200.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200}
