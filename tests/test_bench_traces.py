@@ -132,3 +132,18 @@ def test_length_table_from_csv(tmp_path: Path) -> None:
     bad.write_text("prompt,output\n1,2\n")
     with pytest.raises(ValueError, match="prompt_tokens"):
         load_length_table(bad)
+
+
+def test_cli_passes_the_trainer_settings_to_every_fine_tuning_system() -> None:
+    import argparse
+
+    from deltaserve_core.bench.runner import _job, add_bench_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    cfg = config_from_args(p.parse_args(["--backward-batch-tokens", "512", "--pack-tokens", "0",
+                                         "--buffer-tokens", "4096", "--systems", "deltaserve,split_pool",
+                                         "--dataset", "train.json"]))
+    assert (cfg.backward_batch_tokens, cfg.pack_tokens, cfg.buffer_tokens) == (512, 0, 4096)
+    job = _job(cfg, 1.0, 0.2, "/tmp/unused-ckpt")  # the job every co-served system and the split pool train with
+    assert (job.backward_batch_tokens, job.pack_tokens, job.buffer_tokens) == (512, 0, 4096)

@@ -19,6 +19,8 @@ def _cfg(**over):  # noqa: ANN003, ANN202
 def test_defaults_follow_the_paper() -> None:
     cfg = _cfg()
     assert (cfg.lr, cfg.weight_decay, cfg.backward_batch_tokens) == (1e-3, 0.01, 256)
+    assert cfg.pack_tokens == 2048  # ours, not the paper's: packed backward units (lora_backward.TrainerConfig)
+    assert _cfg(pack_tokens=0).pack_tokens == 0  # one sample per unit, bit-identical to PEFT's loop
 
 
 def test_full_mapping_parses() -> None:
@@ -42,6 +44,7 @@ def test_full_mapping_parses() -> None:
     ({"optimizer": {"lr": 0}}, "optimizer.lr"),
     ({"learning_rate": 1e-3}, "unknown key"),
     ({"dataset_format": "csv"}, "dataset_format"),
+    ({"pack_tokens": -1}, "pack_tokens"),
 ])
 def test_bad_values_name_the_key(over: dict, key: str) -> None:
     with pytest.raises(JobConfigError, match=key.replace(".", r"\.")):

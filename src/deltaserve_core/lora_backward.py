@@ -573,7 +573,6 @@ def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, sa
     device = next(peft_model.parameters()).device
     groups = [[samples[i] for i in g] for g in pack_groups([s.num_tokens for s in samples], pack_tokens)]
     optimizer.zero_grad(set_to_none=True)
-    total = 0.0
     with _attention_without_cudnn(device):  # same reason as in LoraBackward.backward
         total = _packed_forward_backward(peft_model, groups, total_targets, device)
     optimizer.step()
