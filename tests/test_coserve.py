@@ -291,3 +291,15 @@ def test_coserver_feeds_measured_margin_to_admission(host, dataset: Path, tmp_pa
     assert off.margin is None
     with pytest.raises(ValueError, match="safety_quantile"):
         CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=1.5)
+
+
+def test_admission_takes_no_more_finetune_tokens_per_step_than_calibration_measured(host, dataset: Path,  # noqa: ANN001
+                                                                                    tmp_path: Path) -> None:
+    uncapped = CoServer(host, _job(dataset, tmp_path), latency_model=_model())
+    assert uncapped.admission.max_ft_tokens_per_step == 512  # no calibration records: the buffer is the limit
+    measured = _model()
+    measured.set_anchors([StepRecord(0, 0.0, 0.05, ExecutionMode.EAGER, prefill_lengths=(40,),
+                                     finetune_lengths=(100, 150)),
+                          StepRecord(1, 0.0, 0.02, ExecutionMode.EAGER, finetune_lengths=(60,))])
+    capped = CoServer(host, _job(dataset, tmp_path), latency_model=measured)
+    assert capped.admission.max_ft_tokens_per_step == 250

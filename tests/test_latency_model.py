@@ -349,3 +349,20 @@ def test_invalid_configuration_refused():
         LatencyModel(min_records=2)
     with pytest.raises(ValueError, match="anchor_weight"):
         LatencyModel(anchor_weight=0)
+
+
+def test_calibrated_finetune_tokens_is_the_largest_anchor_step():
+    records = synthetic_records(random.Random(14), n=120)
+    most = max(sum(r.finetune_lengths) for r in records)
+    m = LatencyModel()
+    assert m.calibrated_finetune_tokens() is None  # nothing measured: admission keeps the host's own limit
+    m.fit(records)
+    assert m.calibrated_finetune_tokens() == most
+    m.observe(records[4])  # live rows refit the model but are not calibration: the range stays the sweep's
+    clone = LatencyModel.from_dict(m.to_dict())
+    assert clone.calibrated_finetune_tokens() is None  # coefficients alone carry no range ...
+    clone.set_anchors(records)
+    assert clone.calibrated_finetune_tokens() == most  # ... the profile's records do (bench._clone_model)
+    no_ft = LatencyModel()
+    no_ft.fit([r for r in records if not r.finetune_lengths])
+    assert no_ft.calibrated_finetune_tokens() is None

@@ -26,7 +26,7 @@ def decode(step: int, start: float, duration: float) -> StepRecord:
 
 
 def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
-    m = SLOMargin(min_samples=2, drift_window=0)
+    m = SLOMargin(min_samples=2, window=32, drift_window=0)
     assert m.factor == 1.0
     m.seed(0.25)  # calibration p95 error 25 %
     assert m.factor == pytest.approx(1.25)

@@ -154,6 +154,7 @@ class CoServer:
         # the Admission this CoServer built: callers may wrap ``self.admission`` (benchmarks do), the margin
         # belongs to the core rule underneath
         self._core_admission = self.admission
+        self._cap_to_calibration()
         self.backward_threads = backward_threads
         self.hang_timeout_s = hang_timeout_s
         self.log_every_s = log_every_s
@@ -212,6 +213,7 @@ class CoServer:
             self.calibration_profile = load_or_calibrate(self.host, **self.calibration_kwargs)
             self.model = self.calibration_profile.model
             self.admission.model = self.model
+            self._cap_to_calibration()
         self.host.intercept_schedule(self)
         self.host.capture_activation(self.buffer)
         self.host.report_step_time(self)
@@ -225,6 +227,16 @@ class CoServer:
                  self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
                  self.job.buffer_tokens, self.slo.ttft_s, self.slo.tpot_s)
         return self
+
+    def _cap_to_calibration(self) -> None:
+        """Admit no more fine-tuning tokens per step than calibration measured (see
+        :meth:`~deltaserve_core.latency_model.LatencyModel.calibrated_finetune_tokens`): a step the model only
+        extrapolates to is priced by a guess, and the SLO margin learns that only after it overran."""
+        most = self.model.calibrated_finetune_tokens() if self.model.is_ready else None
+        if most is not None and most < self._core_admission.max_ft_tokens_per_step:
+            log.info("fine-tuning tokens per step capped at %d, the most the calibration measured (was %d)",
+                     most, self._core_admission.max_ft_tokens_per_step)
+            self._core_admission.max_ft_tokens_per_step = most
 
     def close(self) -> None:
         if not self._started:

@@ -690,6 +690,18 @@ class LatencyModel:
             )
         return out
 
+    def calibrated_finetune_tokens(self) -> int | None:
+        """The most fine-tuning tokens any calibration (anchor) step carried, or None without anchors.
+
+        Beyond it Equation I extrapolates. On the H200 the benchmark's sweep stopped at 1024 fine-tuning tokens and
+        its ~4000-token fine-tuning steps ran 1.7-2.1x their price (the likely cause, not isolated on the device).
+        Admission caps a step's fine-tuning tokens here.
+        """
+        with self._lock:
+            rows = self._anchors.get((ExecutionMode.EAGER, Equation.PREFILL), [])
+            most = max((row[2] for row in rows), default=0.0)
+        return int(most) if most > 0 else None
+
     def equation_quality(self, mode: ExecutionMode, equation: Equation) -> FitQuality | None:
         """In-sample quality of the last fit of one (mode, equation), or None if it was never fitted."""
         fit = self._fits.get((mode, equation))
