@@ -26,7 +26,7 @@ def decode(step: int, start: float, duration: float) -> StepRecord:
 
 
 def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
-    m = SLOMargin(min_samples=2, window=32, drift_window=0)
+    m = SLOMargin(min_samples=2, window=32, drift_window=0, warmup_factor=1.0)
     assert m.factor == 1.0
     m.seed(0.25)  # calibration p95 error 25 %
     assert m.factor == pytest.approx(1.25)
@@ -47,7 +47,7 @@ def test_prior_then_proxies_then_mixed_steps_decide_the_factor() -> None:
 
 
 def test_eager_inference_steps_are_proxies_graph_steps_are_not() -> None:
-    m = SLOMargin(min_samples=1, drift_window=0)
+    m = SLOMargin(min_samples=1, drift_window=0, warmup_factor=1.0)
     m.observe(StepRecord(0, 0.0, 0.03, ExecutionMode.GRAPH, num_decode=3, kv_tokens=40), 0.01)
     assert m.factor == 1.0  # a replayed decode graph is not what a mixed step runs; its jitter is not evidence
     m.observe(StepRecord(1, 1.0, 0.18, E, prefill_lengths=(100,), num_decode=3, kv_tokens=40), 0.1)
@@ -99,8 +99,19 @@ def test_proxy_median_is_a_floor_once_mixed_steps_decide() -> None:
     assert m.factor == pytest.approx(1.1)  # drift gone: the mixed steps decide again
 
 
+def test_until_min_samples_mixed_steps_ran_the_factor_is_at_least_the_warmup_factor() -> None:
+    m = SLOMargin(min_samples=2)
+    m.seed(0.19)
+    assert m.factor == 2.0  # default warm-up: max_factor, half the budget for the first mixed steps
+    m.observe(mixed(0, 0.0, 0.12), 0.1)
+    assert m.factor == 2.0
+    m.observe(mixed(1, 1.0, 0.11), 0.1)
+    assert m.factor == pytest.approx(1.2)  # measured: the mixed steps decide
+    assert SLOMargin(warmup_factor=1.5).factor == 1.5
+
+
 def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
-    m = SLOMargin(min_samples=1)
+    m = SLOMargin(min_samples=1, warmup_factor=1.0)
     m.observe(mixed(1, 1.0, 0.3), None)
     aborted = StepRecord(2, 2.0, 0.3, E, aborted_sample_ids=(2,))
     m.observe(aborted, 0.1)
@@ -111,7 +122,8 @@ def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"quantile": 0.5}, "quantile"), ({"quantile": 1.2}, "quantile"),
     ({"window": 4, "min_samples": 5}, "min_samples"), ({"max_factor": 0.9}, "max_factor"),
-    ({"drift_window": -1}, "drift_window"),
+    ({"drift_window": -1}, "drift_window"), ({"warmup_factor": 0.5}, "warmup_factor"),
+    ({"warmup_factor": 2.5}, "warmup_factor"),
 ])
 def test_bad_settings_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
