@@ -303,3 +303,5 @@ def test_admission_takes_no_more_finetune_tokens_per_step_than_calibration_measu
                           StepRecord(1, 0.0, 0.02, ExecutionMode.EAGER, finetune_lengths=(60,))])
     capped = CoServer(host, _job(dataset, tmp_path), latency_model=measured)
     assert capped.admission.max_ft_tokens_per_step == 250
+    paper = CoServer(host, _job(dataset, tmp_path), latency_model=measured, cap_to_calibration=False)
+    assert paper.admission.max_ft_tokens_per_step == 512  # the paper's rule knows no calibrated range

@@ -112,7 +112,8 @@ class CoServer:
                  calibration: Mapping[str, Any] | None = None, tokenizer: Any = None,
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
-                 safety_quantile: float | None = 1.0, cap_extension: bool = True) -> None:
+                 safety_quantile: float | None = 1.0, cap_extension: bool = True,
+                 cap_to_calibration: bool = True) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
@@ -122,7 +123,9 @@ class CoServer:
         window) of measured ÷ predicted duration of recent mixed steps and of the host's time between steps.
         ``None`` keeps safety 1 and overhead 0, the paper's rule. ``cap_extension``: fine-tuning
         rows lengthen a step with inference by at most the fine-tuning-only budget (see
-        :mod:`~deltaserve_core.admission`); ``False`` is the paper's rule."""
+        :mod:`~deltaserve_core.admission`); ``False`` is the paper's rule. ``cap_to_calibration``: admit no more
+        fine-tuning tokens per step than calibration measured (``False``: the host's and the buffer's limits
+        only, the paper's rule)."""
         self.host = host
         self.job = job
         self.caps = validate_host(host)
@@ -154,6 +157,7 @@ class CoServer:
         # the Admission this CoServer built: callers may wrap ``self.admission`` (benchmarks do), the margin
         # belongs to the core rule underneath
         self._core_admission = self.admission
+        self.cap_to_calibration = cap_to_calibration
         self._cap_to_calibration()
         self.backward_threads = backward_threads
         self.hang_timeout_s = hang_timeout_s
@@ -232,6 +236,8 @@ class CoServer:
         """Admit no more fine-tuning tokens per step than calibration measured (see
         :meth:`~deltaserve_core.latency_model.LatencyModel.calibrated_finetune_tokens`): a step the model only
         extrapolates to is priced by a guess, and the SLO margin learns that only after it overran."""
+        if not self.cap_to_calibration:
+            return
         most = self.model.calibrated_finetune_tokens() if self.model.is_ready else None
         if most is not None and most < self._core_admission.max_ft_tokens_per_step:
             log.info("fine-tuning tokens per step capped at %d, the most the calibration measured (was %d)",

@@ -506,7 +506,7 @@ def _make_coserver(system: str, host: Any, cfg: BenchConfig, model: Any, records
         kwargs["preempt_decode"] = True  # the backward yields to every inference step: idle time only
     if system == "paper_rule":
         # the paper's Algorithm 1: mixed steps filled up to Δ exactly, however long that makes the step
-        kwargs.update(safety_quantile=None, cap_extension=False)
+        kwargs.update(safety_quantile=None, cap_extension=False, cap_to_calibration=False)
     if cfg.device == "cpu":
         kwargs["backward_threads"] = cpu_backward_threads()
     co = cls(host, job, latency_model=fresh, tokenizer=tokenizer, resume=False, log_every_s=1e9, **kwargs)
