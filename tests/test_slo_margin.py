@@ -122,7 +122,8 @@ def test_unpriced_and_aborted_steps_leave_the_factor_alone() -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"quantile": 0.5}, "quantile"), ({"quantile": 1.2}, "quantile"),
     ({"window": 4, "min_samples": 5}, "min_samples"), ({"max_factor": 0.9}, "max_factor"),
-    ({"drift_window": -1}, "drift_window"), ({"warmup_factor": 0.5}, "warmup_factor"),
+    ({"drift_window": -1}, "drift_window"),
+    ({"warmup_factor": 0.5}, "warmup_factor"),
     ({"warmup_factor": 2.5}, "warmup_factor"),
 ])
 def test_bad_settings_are_refused(kwargs: dict, match: str) -> None:

@@ -573,23 +573,17 @@ def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, sa
     device = next(peft_model.parameters()).device
     groups = [[samples[i] for i in g] for g in pack_groups([s.num_tokens for s in samples], pack_tokens)]
     optimizer.zero_grad(set_to_none=True)
-    with _attention_without_cudnn(device):  # same reason as in LoraBackward.backward
-        total = _packed_forward_backward(peft_model, groups, total_targets, device)
-    optimizer.step()
-    return total
-
-
-def _packed_forward_backward(peft_model: nn.Module, groups: Sequence[Sequence[FineTuneSample]], total_targets: int,
-                             device: torch.device) -> float:
     total = 0.0
-    for group in groups:
-        ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.long, device=device)[None]
-        pos = torch.tensor([i for s in group for i in range(s.num_tokens)], dtype=torch.long, device=device)[None]
-        labels = ids.clone()
-        keep = torch.tensor([m and i > 0 for s in group for i, m in enumerate(s.loss_mask)], device=device)
-        labels[0, ~keep] = -100
-        out = peft_model(input_ids=ids, position_ids=pos, labels=labels, num_items_in_batch=total_targets,
-                         use_cache=False)
-        out.loss.backward()
-        total += float(out.loss.detach())
+    with _attention_without_cudnn(device):  # same reason as in LoraBackward.backward
+        for group in groups:
+            ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.long, device=device)[None]
+            pos = torch.tensor([i for s in group for i in range(s.num_tokens)], dtype=torch.long, device=device)[None]
+            labels = ids.clone()
+            keep = torch.tensor([m and i > 0 for s in group for i, m in enumerate(s.loss_mask)], device=device)
+            labels[0, ~keep] = -100
+            out = peft_model(input_ids=ids, position_ids=pos, labels=labels, num_items_in_batch=total_targets,
+                             use_cache=False)
+            out.loss.backward()
+            total += float(out.loss.detach())
+    optimizer.step()
     return total

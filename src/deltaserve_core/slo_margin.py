@@ -89,9 +89,8 @@ class SLOMargin:
         self.min_samples = min_samples
         self.max_factor = max_factor
         self._mixed: deque[float] = deque(maxlen=window)
-        self._proxy: deque[float] = deque(maxlen=window)
-        self._recent: deque[float] = deque(maxlen=max(1, drift_window))
-        self._drift = drift_window > 0
+        self._proxy: deque[float] = deque(maxlen=max(window, drift_window))  # its tail is the drift window
+        self.drift_window = drift_window
         self._gaps: deque[float] = deque(maxlen=2 * window)
         self._prior = 1.0
         self._last_end: float | None = None  # end of the previous step, if it had inference
@@ -121,14 +120,14 @@ class SLOMargin:
                 self._mixed.append(ratio)
             elif record.finetune_sample_ids or (inference and record.mode is ExecutionMode.EAGER):
                 self._proxy.append(ratio)
-                self._recent.append(ratio)
         self._update()
 
     def _update(self) -> None:
         if len(self._mixed) >= self.min_samples:
             f = _quantile(self._mixed, self.quantile)
-            if self._drift and len(self._recent) == self._recent.maxlen:
-                f = max(f, _quantile(self._recent, 0.5))
+            if 0 < self.drift_window <= len(self._proxy):
+                recent = list(self._proxy)[-self.drift_window:]
+                f = max(f, sorted(recent)[len(recent) // 2])
         else:
             f = max(self._prior, self.warmup_factor)
             for pool in (self._mixed, self._proxy):
