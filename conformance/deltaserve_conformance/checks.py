@@ -487,3 +487,34 @@ def check_publish_adapter__serves_published_weights(env: ConformanceEnv) -> None
         if a.token_ids != b.token_ids:
             raise _fail(env, "publish_adapter", f"adapter published as {name!r} generates {list(b.token_ids)}, the same "
                         f"weights loaded as a client adapter generate {list(a.token_ids)}")
+
+
+#: Versions published by the check below: more than any engine's default adapter slots per step (vLLM 4 + the
+#: reserved one, SGLang 4), so a host with a fixed slot count runs the check with every slot taken.
+_PUBLISHED_VERSIONS = 8
+
+
+@check("publish_adapter")
+def check_publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken(env: ConformanceEnv) -> None:
+    """After many published versions, base-model requests that share steps with adapter rows still get the base
+    model's greedy outputs (an engine that fills adapter slots by index must not hand the last slot's adapter to
+    rows that have none). Fine-tuning rows make such steps common; the reserved adapter holds a slot throughout."""
+    from deltaserve_core.adapter_state import LoraAdapterState
+
+    base = make_prompts(env, 4, seed=16, max_tokens=8, adapter_every=0, prefix="base-only")
+    baseline = env.run(base)
+    state = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-slots")
+    names = []
+    for version in range(1, _PUBLISHED_VERSIONS + 1):
+        # Distinct weights per version, each far from zero: a version applied where it does not belong shows.
+        tensors = {k: v * (1.0 + version / 4) for k, v in state.tensors.items()}
+        names.append(env.host.publish_adapter(state.with_tensors(tensors, version=version)))  # type: ignore[attr-defined]
+    adapted = [ClientRequest(f"slots-{i}", r.prompt_ids, r.max_tokens, adapter=names[-1 - i] if i % 2 else
+                             env.client_adapter) for i, r in enumerate(make_prompts(env, 4, seed=17, max_tokens=8))]
+    outputs = {o.request_id: o.token_ids for o in env.run([*base, *adapted])}
+    for want in baseline:
+        got = outputs[want.request_id]
+        if got != want.token_ids:
+            raise _fail(env, "publish_adapter", f"base-model request {want.request_id} generated {list(got)} next to "
+                        f"adapter rows after {_PUBLISHED_VERSIONS} published versions, but "
+                        f"{list(want.token_ids)} on its own: rows without an adapter must get no adapter's delta")

@@ -275,6 +275,35 @@ class StalePublishHost(ReferenceHost):
         return name
 
 
+class SlotSpillHost(ReferenceHost):
+    """Once three versions are published, gives base-model rows of steps with adapter rows the newest version's
+    delta (vLLM-CPU's LoRA ops before deltaserve_vllm.cpu_lora_fix: index -1 picks the last slot)."""
+
+    name = "broken-slot-spill"
+    _slots = 3
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._published: list[str] = []
+
+    def publish_adapter(self, state):  # noqa: ANN001, ANN201
+        name = super().publish_adapter(state)
+        self._published.append(name)
+        return name
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = super()._linear(x, module, layer, name, groups)
+        last = self._adapters[self._published[-1]] if len(self._published) >= self._slots else None
+        pair = last.pairs.get((layer, name)) if last is not None and groups else None
+        if pair is not None:
+            unadapted = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+            unadapted[torch.cat(list(groups.values()))] = False
+            spill = torch.nonzero(unadapted).squeeze(1)
+            out.index_add_(0, spill, (x.index_select(0, spill) @ pair[0].T @ pair[1].T) * last.scaling)
+        return out
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -300,5 +329,6 @@ TARGETS: dict[type[ReferenceHost], str] = {
     LyingGraphModeHost: "graph_mode__agrees_with_execution",
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
     StalePublishHost: "publish_adapter__serves_published_weights",
+    SlotSpillHost: "publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
     MistypedHookHost: "protocol__validate_host",
 }

@@ -35,6 +35,7 @@ import torch
 
 from deltaserve_core.types import ExecutionMode
 
+from . import cpu_lora_fix
 from .channel import Channel, StepPlan, StepTiming, get_channel
 from .weights import WeightMapping, map_hf_weights
 
@@ -223,6 +224,9 @@ class DeltaServeWorkerExtension:
         if existing is not None:
             return existing.num_layers
         channel = get_channel(channel_key)
+        # Fine-tuning rows and published versions fill every LoRA slot; on CPU vLLM would then apply the last
+        # slot's adapter to base-model rows (cpu_lora_fix says why and until when).
+        cpu_lora_fix.apply()
         runner = self.model_runner  # type: ignore[attr-defined]
         layers = runner.get_model().model.layers
         state = _WorkerState(channel, runner, len(layers))
