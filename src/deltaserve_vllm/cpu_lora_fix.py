@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ PATCHED_OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 _MODULES = ("vllm.lora.ops.torch_ops.lora_ops", "vllm.lora.ops.torch_ops", "vllm.lora.punica_wrapper.punica_cpu")
 _MARK = "__deltaserve_base_rows_fix__"
 _CPU_WRAPPER = "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+log = logging.getLogger("deltaserve.vllm")
 
 
 def _keep_base_rows(op: Callable[..., Any]) -> Callable[..., Any]:
@@ -87,6 +89,8 @@ def apply() -> bool:
         for name, fn in wrapped.items():
             if hasattr(module, name):
                 setattr(module, name, fn)
+    log.info("DeltaServe: patched vLLM's CPU LoRA ops %s so base-model rows never get the last LoRA slot's adapter "
+             "(a vLLM-CPU bug; docs/vllm-adapter.md)", ", ".join(PATCHED_OPS))
     return True
 
 
