@@ -489,8 +489,9 @@ def check_publish_adapter__serves_published_weights(env: ConformanceEnv) -> None
                         f"weights loaded as a client adapter generate {list(a.token_ids)}")
 
 
-#: Versions published by the check below: more than any engine's default adapter slots per step (vLLM 4 + the
-#: reserved one, SGLang 4), so a host with a fixed slot count runs the check with every slot taken.
+#: Versions published by the check below: more than any engine's default adapter slots per step (VllmHost 4, the
+#: reserved one included; `vllm serve` max_loras + 1; SGLang 4), so a host with a fixed slot count runs the check
+#: with every slot taken.
 _PUBLISHED_VERSIONS = 8
 
 

@@ -293,15 +293,13 @@ class SlotSpillHost(ReferenceHost):
 
     def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
                 groups: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = super()._linear(x, module, layer, name, groups)
-        last = self._adapters[self._published[-1]] if len(self._published) >= self._slots else None
-        pair = last.pairs.get((layer, name)) if last is not None and groups else None
-        if pair is not None:
+        if groups and len(self._published) >= self._slots:
             unadapted = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
             unadapted[torch.cat(list(groups.values()))] = False
+            last = self._published[-1]
             spill = torch.nonzero(unadapted).squeeze(1)
-            out.index_add_(0, spill, (x.index_select(0, spill) @ pair[0].T @ pair[1].T) * last.scaling)
-        return out
+            groups = {**groups, last: torch.cat([groups[last], spill]) if last in groups else spill}
+        return super()._linear(x, module, layer, name, groups)
 
 
 class MistypedHookHost(ReferenceHost):

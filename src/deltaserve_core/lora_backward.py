@@ -35,6 +35,7 @@ in-process in tests and benchmarks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -51,15 +52,15 @@ from .adapter_state import LoraAdapterState
 from .types import FineTuneSample
 
 __all__ = [
-    "TrainerConfig",
-    "StepResult",
-    "LoraBackward",
     "BackwardBatcher",
     "BackwardCancelled",
-    "plain_peft_step",
-    "packed_peft_step",
-    "pack_groups",
+    "LoraBackward",
+    "StepResult",
+    "TrainerConfig",
     "decoder_parts",
+    "pack_groups",
+    "packed_peft_step",
+    "plain_peft_step",
 ]
 
 _PEFT_PREFIX = "base_model.model."
@@ -170,6 +171,7 @@ def _attention_without_cudnn(device: torch.device) -> contextlib.AbstractContext
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
+@functools.cache
 def _transformers_packs() -> bool:
     try:
         from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401

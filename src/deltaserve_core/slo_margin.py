@@ -49,7 +49,9 @@ fine-tuning-only budget.
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections import deque
 
 from .types import ExecutionMode, StepRecord
@@ -126,8 +128,8 @@ class SLOMargin:
         if len(self._mixed) >= self.min_samples:
             f = _quantile(self._mixed, self.quantile)
             if 0 < self.drift_window <= len(self._proxy):
-                recent = list(self._proxy)[-self.drift_window:]
-                f = max(f, sorted(recent)[len(recent) // 2])
+                recent = itertools.islice(self._proxy, len(self._proxy) - self.drift_window, None)
+                f = max(f, statistics.median_high(recent))
         else:
             f = max(self._prior, self.warmup_factor)
             for pool in (self._mixed, self._proxy):

@@ -20,8 +20,8 @@ without a negative index pay one comparison. Applied in the worker process when 
 ``PunicaWrapperCPU``; :func:`remove` restores vLLM's functions (the test that reproduces the stock bug uses it).
 
 When it can go away: when the torch ops (or ``PunicaWrapperCPU``) skip negative indices upstream.
-``tests/test_vllm_host.py::test_base_rows_get_no_adapter_when_every_lora_slot_is_taken`` reproduces the stock bug
-with the patch removed and fails once vLLM no longer has it.
+``tests/test_vllm_host.py::test_stock_vllm_cpu_gives_base_rows_the_last_lora_slot`` reproduces the stock bug with
+the patch removed and fails once vLLM no longer has it.
 """
 
 from __future__ import annotations
