@@ -305,3 +305,61 @@ def test_admission_takes_no_more_finetune_tokens_per_step_than_calibration_measu
     assert capped.admission.max_ft_tokens_per_step == 250
     paper = CoServer(host, _job(dataset, tmp_path), latency_model=measured, cap_to_calibration=False)
     assert paper.admission.max_ft_tokens_per_step == 512  # the paper's rule knows no calibrated range
+
+
+def _continuous_load(host, co: CoServer, *, until_steps: int, max_host_steps: int = 4000) -> int:  # noqa: ANN001
+    """Keep the host busy with client requests for every step (no idle step, never an empty batch) until the job
+    has made ``until_steps`` optimizer steps; returns the host steps it took. Fails if training stalls."""
+    g = torch.Generator().manual_seed(11)
+    n = 0
+    for i in range(max_host_steps):
+        if i % 2 == 0 or not host.has_unfinished():  # a new arrival every other step: prefills and decodes mixed
+            host.submit(ClientRequest(f"load-{n}", tuple(torch.randint(5, 400, (5 + n % 7,), generator=g).tolist()),
+                                      4 + n % 5))
+            n += 1
+        assert host.has_unfinished()
+        host.step()
+        if co.stats.optimizer_steps >= until_steps:
+            break
+    while host.has_unfinished():  # drain the clients this test submitted
+        host.step()
+    return i + 1
+
+
+def test_training_never_starves_under_continuous_load(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    """Every step of the run carries client work, so nothing ever runs in an idle step. Optimizer steps must keep
+    coming: each one leaves an adapter install (and a publish) to run between two steps, which must find a step
+    that absorbs it. Before the fix the install's cost was unknown (infinite) until the first install ran, which
+    only an empty batch allowed: one optimizer step, then none for the rest of the trace."""
+    co = CoServer(host, _job(dataset, tmp_path, epochs=3, checkpoint=CheckpointSpec(dir=str(tmp_path / "ck"),
+                                                                                    every_steps=1)),
+                  latency_model=_model(), backward_threads=1)
+    with co:
+        _continuous_load(host, co, until_steps=4)
+        stats = co.stats.as_dict()
+    assert stats["optimizer_steps"] >= 4, stats["admission_reasons"]
+    assert stats["host_work_runs"].get("install", 0) >= 3
+    assert stats["finetune_only_steps"] == 0, "a step without client work ran: the load was not continuous"
+    assert stats["host_work_forced"] == 0  # the measured cost fitted; the deadline was not needed
+    assert stats["admission_reasons"].get("admitted", 0) >= 4
+
+
+def test_an_install_no_step_can_absorb_still_runs_within_its_deadline(host, dataset: Path, tmp_path: Path,  # noqa: ANN001
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install slower than any step's spare time (a slow engine path: tens of ms on a GPU against a TPOT budget
+    that leaves less) must still run once it has waited ``2 x host_work_deadline_s``, or fine-tuning stops."""
+    real = host.set_finetune_adapter
+
+    def slow_install(state) -> None:  # noqa: ANN001
+        time.sleep(0.08)
+        real(state)
+
+    monkeypatch.setattr(host, "set_finetune_adapter", slow_install)
+    co = CoServer(host, _job(dataset, tmp_path, epochs=3, slo=SLOSpec(ttft_s=5.0, tpot_s=0.05)),
+                  latency_model=_model(), backward_threads=1, host_work_deadline_s=0.1)
+    with co:
+        _continuous_load(host, co, until_steps=3)
+        stats = co.stats.as_dict()
+    assert stats["optimizer_steps"] >= 3, stats["admission_reasons"]
+    assert stats["host_work_forced"] >= 1
+    assert stats["admission_reasons"].get("install_pending", 0) > 0

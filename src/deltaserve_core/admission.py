@@ -98,6 +98,8 @@ class AdmissionReason(str, enum.Enum):
 
     ADMITTED = "admitted"
     BACKWARD_RUNNING = "backward_running"  # line 2: activations of the running backward must not be overwritten
+    INSTALL_PENDING = "install_pending"  # beyond the paper: the newest adapter version is not on the host yet
+    BACKWARD_RECOVERING = "backward_recovering"  # beyond the paper: the backward process is being restarted
     BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
     POOL_EMPTY = "pool_empty"  # line 2
     DECODE_ONLY_STEP = "decode_only_step"  # line 5: host cannot mix, step has no prefill
@@ -181,18 +183,20 @@ class Admission:
         self.safety = 1.0
         self.overhead_s = 0.0
 
-    def spare_s(self, batch: ProposedBatch) -> float:
-        """Seconds ``batch`` could be lengthened by and still meet every SLO, under the same margin as fine-tuning
-        rows (0 when the model is not ready or there is no slack). A fine-tuning-only step is never waited on.
+    def spare_s(self, batch: ProposedBatch, *, safety: float | None = None) -> float:
+        """Seconds ``batch`` could be lengthened by *measured* host work and still meet every SLO (0 when the model
+        is not ready or there is no slack). A fine-tuning-only step is never waited on.
 
-        The controller prices host-side work it must do between steps (installing a new adapter version) with
-        this, so that work lands where no request pays for it."""
+        The step is priced at ``safety`` (default: the fine-tuning margin) times its prediction; the host work is a
+        measured time, so it is not divided by the margin. The controller prices host-side work it must do between
+        steps (installing a new adapter version) with this, so that work lands where no request pays for it."""
         if not batch.scheduled:
             return math.inf
         if not self.model.is_ready:
             return 0.0
-        limit = (self._budget(batch).delta - self.overhead_s) / self.safety
-        return max(0.0, limit - self.model.predict_batch(batch))
+        factor = self.safety if safety is None else safety
+        left = self._budget(batch).delta - self.overhead_s - factor * self.model.predict_batch(batch)
+        return max(0.0, left)
 
     def _budget(self, batch: ProposedBatch) -> StepBudget:
         return step_budget(batch, self.slo, self.model, mixed_batches=self.mixed_batches,

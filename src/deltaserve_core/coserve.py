@@ -29,7 +29,7 @@ import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,7 @@ import torch
 
 from .activation_buffer import ActivationBuffer
 from .adapter_state import fresh_lora_state
-from .admission import Admission, AdmissionDecision
+from .admission import Admission, AdmissionDecision, AdmissionReason
 from .backward_process import BackwardProcess, BackwardProcessError, BackwardReport
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
@@ -79,6 +79,12 @@ class CoServeStats:
         default_factory=lambda: {"graph": deque(maxlen=512), "eager": deque(maxlen=512)})
     published: list[str] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
+    #: every admission decision by its reason (AdmissionReason values): why a step carried no fine-tuning rows
+    admission_reasons: Counter[str] = field(default_factory=Counter)
+    #: deferred host work (adapter installs, publishes) run, by kind; ``forced``: run past the hard deadline
+    host_work_runs: Counter[str] = field(default_factory=Counter)
+    host_work_forced: int = 0
+    host_work_max_wait_s: float = 0.0
 
     def estimator_mape(self, mode: str) -> float | None:
         errs = self.estimator_errors[mode]
@@ -97,6 +103,8 @@ class CoServeStats:
             "backward_failures": self.backward_failures,
             "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
             "published": list(self.published), "checkpoints": list(self.checkpoints),
+            "admission_reasons": dict(self.admission_reasons), "host_work_runs": dict(self.host_work_runs),
+            "host_work_forced": self.host_work_forced, "host_work_max_wait_s": self.host_work_max_wait_s,
         }
 
 
@@ -113,7 +121,7 @@ class CoServer:
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
                  safety_quantile: float | None = 1.0, cap_extension: bool = True,
-                 cap_to_calibration: bool = True) -> None:
+                 cap_to_calibration: bool = True, host_work_deadline_s: float = 2.0) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
@@ -125,7 +133,10 @@ class CoServer:
         rows lengthen a step with inference by at most the fine-tuning-only budget (see
         :mod:`~deltaserve_core.admission`); ``False`` is the paper's rule. ``cap_to_calibration``: admit no more
         fine-tuning tokens per step than calibration measured (``False``: the host's and the buffer's limits
-        only, the paper's rule)."""
+        only, the paper's rule). ``host_work_deadline_s``: an adapter install or publish waits for a step whose
+        spare time covers its measured cost under the inference margin; once it waited this long, for one that
+        covers it under the plain prediction; once it waited twice this long, it runs in the next step whatever the
+        cost (counted in ``stats.host_work_forced``), so fine-tuning never waits for ever."""
         self.host = host
         self.job = job
         self.caps = validate_host(host)
@@ -180,7 +191,13 @@ class CoServer:
         # Host calls that cost engine time between two steps (adapter installs and publishes: a safetensors write
         # and an add_lora each), run when a step can absorb them (see _run_host_work); newest per key.
         self._host_work: dict[str, Callable[[], None]] = {}
-        self._host_work_s: deque[float] = deque(maxlen=8)
+        self._host_work_since: dict[str, float] = {}
+        self._host_work_s: dict[str, deque[float]] = {_INSTALL: deque(maxlen=8), _PUBLISH: deque(maxlen=8)}
+        if not (math.isfinite(host_work_deadline_s) and host_work_deadline_s > 0):
+            raise ValueError(f"host_work_deadline_s must be a positive number of seconds, got {host_work_deadline_s!r}")
+        self.host_work_deadline_s = host_work_deadline_s
+        # why each recent step carried what it did (step id -> AdmissionReason value), for the bench's step log
+        self._step_reasons: OrderedDict[int, str] = OrderedDict()
 
     def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
         return self.host.graph_mode(batch)
@@ -208,9 +225,14 @@ class CoServer:
             self.pool.load_state_dict(ready.extra["pool"])
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
         self._adapter_version = ready.step
-        self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=ready.step))
+        snapshot = self.backward.adapter_snapshot(version=ready.step)
+        self.host.set_finetune_adapter(snapshot)
+        # Installed twice, the second timed: the cost of every later install must be known before the first one is
+        # due, or no step could be judged able to absorb it (the first call pays one-time loading costs).
+        self._host_work_s[_INSTALL].append(_timed(lambda: self.host.set_finetune_adapter(snapshot)))
         if ready.step > 0 and self.job.publish.policy != "never":
-            self._publish(ready.step)  # a resumed job serves what it has trained, not only what it trains next
+            # a resumed job serves what it has trained, not only what it trains next
+            self._host_work_s[_PUBLISH].append(_timed(lambda: self._publish(ready.step)))
         if self._calibrate:
             from .calibration import load_or_calibrate
 
@@ -301,10 +323,28 @@ class CoServer:
 
     def flush_host_work(self) -> None:
         """Run the deferred adapter install and publish now (callers that know no request waits: shutdown, tests)."""
-        work, self._host_work = self._host_work, {}
         for key in (_INSTALL, _PUBLISH):
-            if key in work:
-                work[key]()
+            if key in self._host_work:
+                self._run_one(key)
+
+    def _run_one(self, key: str) -> float:
+        work = self._host_work.pop(key)
+        waited = time.monotonic() - self._host_work_since.pop(key)
+        self.stats.host_work_max_wait_s = max(self.stats.host_work_max_wait_s, waited)
+        took = _timed(work)
+        self._host_work_s[key].append(took)
+        self.stats.host_work_runs[key] += 1
+        return took
+
+    def _defer(self, key: str, work: Callable[[], None]) -> None:
+        """Queue host work; a newer call of the same kind replaces the older one but keeps its waiting time."""
+        self._host_work[key] = work
+        self._host_work_since.setdefault(key, time.monotonic())
+
+    def step_reason(self, step_id: int) -> str | None:
+        """Why step ``step_id`` carried the fine-tuning rows it did (an :class:`AdmissionReason` value), for step
+        logs; recent steps only, each answered once."""
+        return self._step_reasons.pop(step_id, None)
 
     def shutdown(self, timeout_s: float = 60.0) -> str | None:
         """An operator's stop once the host no longer steps: :meth:`final_checkpoint` (logged), then :meth:`close`,
@@ -335,14 +375,22 @@ class CoServer:
         bw = self.backward
         assert bw is not None and self.buffer is not None, "CoServer.start() must run before the host schedules"
         # no admission until the adapter the backward just produced is installed: rows must run on the newest weights
-        paused = bw.busy or self._recovering is not None or not self._run_host_work(batch)
+        installed = self._run_host_work(batch)
+        pause: AdmissionReason | None = (AdmissionReason.BACKWARD_RECOVERING if self._recovering is not None
+                                         else AdmissionReason.BACKWARD_RUNNING if bw.busy
+                                         else None if installed else AdmissionReason.INSTALL_PENDING)
         if batch.is_empty:
             self.buffer.clear_abort()
-            if not paused and len(self.pool) == 0 and self._pending_ids:
+            if pause is None and len(self.pool) == 0 and self._pending_ids:
                 self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
-                paused = True
+                pause = AdmissionReason.BACKWARD_RUNNING
         decision: AdmissionDecision = self.admission.decide(
-            batch, pool=self.pool, backward_running=paused, buffer_free_tokens=self.buffer.free_tokens)
+            batch, pool=self.pool, backward_running=pause is not None, buffer_free_tokens=self.buffer.free_tokens)
+        reason = pause.value if pause is not None else decision.reason.value
+        self.stats.admission_reasons[reason] += 1
+        self._step_reasons[batch.step_id] = reason
+        if len(self._step_reasons) > 4096:
+            self._step_reasons.popitem(last=False)
         samples = decision.samples
         if batch.has_prefill or (self.preempt_decode and not batch.is_empty):
             # Paper §3.4: prefill reclaims the device from the backward within one layer. Where inference and
@@ -451,39 +499,53 @@ class CoServer:
             self._adapter_version = rep.step
             # The next admission must see the new weights (exactness): admission waits until this has run.
             snapshot = bw.adapter_snapshot(version=rep.step)
-            self._host_work[_INSTALL] = lambda: self.host.set_finetune_adapter(snapshot)
+            self._defer(_INSTALL, lambda: self.host.set_finetune_adapter(snapshot))
             ck = self.job.checkpoint
             if ck.every_steps and rep.step % ck.every_steps == 0:
                 bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
-                self._host_work[_PUBLISH] = lambda: self._publish(rep.step)
+                self._defer(_PUBLISH, lambda: self._publish(rep.step))
         elif rep.kind == "checkpoint":
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
-                self._host_work[_PUBLISH] = lambda: self._publish(rep.step)
+                self._defer(_PUBLISH, lambda: self._publish(rep.step))
         elif rep.kind == "error":
             log.error("backward process error (it keeps running): %s", rep.message)
         elif rep.kind == "died":
             self._recover(rep.message)
 
     def _run_host_work(self, batch: ProposedBatch) -> bool:
-        """Run the deferred host calls if ``batch`` can absorb them; whether no adapter install is left pending.
+        """Run the deferred host calls ``batch`` can absorb; whether no adapter install is left pending.
 
-        Installing an adapter version runs on the engine's thread between two steps, so every decode in flight
-        waits for it (tens of ms on a GPU: 62 ms measured with an 8B model on the H200, against a 120 ms TPOT SLO).
-        It runs now only in a step nobody waits on (fine-tuning-only or idle) or one whose spare time under
-        admission's margin covers the slowest install measured recently; until then admission pauses."""
+        Installing an adapter version (or publishing one) runs on the engine's thread between two steps, so every
+        decode in flight waits for it (tens of ms on a GPU with an 8B model, against a TPOT SLO of ~100 ms). Each
+        kind runs in a step nobody waits on (fine-tuning-only or idle), or in one whose spare time covers the
+        slowest such call measured recently (:meth:`_fits`), installs first; admission pauses while an install
+        waits. The cost is measured at :meth:`start`, and the wait is bounded (``host_work_deadline_s``)."""
         if not self._host_work:
             return True
-        if not batch.is_empty:
-            cost = max(self._host_work_s, default=math.inf)
-            if self._core_admission.spare_s(batch) < cost:
-                return _INSTALL not in self._host_work
-        t0 = time.monotonic()
-        self.flush_host_work()
-        self._host_work_s.append(time.monotonic() - t0)
-        return True
+        now = time.monotonic()
+        used = 0.0
+        for key in (_INSTALL, _PUBLISH):
+            if key in self._host_work and self._fits(key, batch, now, used):
+                used += self._run_one(key)
+        return _INSTALL not in self._host_work
+
+    def _fits(self, key: str, batch: ProposedBatch, now: float, used: float) -> bool:
+        if batch.is_empty:
+            return True
+        waited = now - self._host_work_since[key]
+        if waited >= 2 * self.host_work_deadline_s:
+            self.stats.host_work_forced += 1
+            log.warning("%s waited %.1f s for a step with room for it; running it now (host_work_deadline_s=%.1f)",
+                        key, waited, self.host_work_deadline_s)
+            return True
+        cost = max(self._host_work_s[key] or self._host_work_s[_INSTALL], default=0.0)
+        # the step is priced with the inference-only margin (it carries no fine-tuning rows); past the deadline
+        # with the plain prediction
+        safety = 1.0 if self.margin is None or waited >= self.host_work_deadline_s else self.margin.inference_factor
+        return self._core_admission.spare_s(batch, safety=safety) - used >= cost
 
     def _publish(self, step: int) -> None:
         assert self.backward is not None
@@ -532,6 +594,9 @@ class CoServer:
                     self.pool = self.dataset.make_pool()
                 self._admitted.clear()
                 self._pending_ids, self._pending_tokens = [], 0
+                # an install queued before the fault belongs to a version the restart may have rewound past
+                self._host_work.pop(_INSTALL, None)
+                self._host_work_since.pop(_INSTALL, None)
                 assert self.backward is not None
                 self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
                 log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)
@@ -624,6 +689,12 @@ def model_on_lent_weights(path: str, lent: Mapping[str, torch.Tensor], *, dtype:
         raise ValueError(f"host {host!r} lends no tensor for {len(missing)} parameter(s) of {path}: "
                          f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     return model.to(device).eval()  # moves the buffers; the lent parameters are already there
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
 
 
 def _param_bytes(model: torch.nn.Module) -> int:

@@ -42,6 +42,13 @@ decodes late). 128 makes that ~0.8 %; the cost is that one slow step holds the f
 ``overhead_s`` is the same quantile as ``factor`` of the idle time between a step with inference and the next step
 that continues its decodes.
 
+``inference_factor`` prices host work that lengthens a step *without* fine-tuning rows (installing an adapter
+version between two steps): the same quantile of measured ÷ predicted over the last ``window`` inference-only steps,
+in whatever mode they ran, floored at 1 and at the calibration's prior until ``min_samples`` of them ran. The
+mixed-step factor, and its warm-up above all, does not apply there: a step with no fine-tuning rows is not the step
+the model mispredicts, and using the warm-up factor of 2 for it meant that under continuous load no step's spare
+time ever covered an install, admission waited for the install, no mixed step ever ran, and the warm-up never ended.
+
 Fine-tuning-only steps are not held by the margin: no decode waits on them, and a client that arrives during
 one interrupts it at the next layer boundary (hosts with ``supports_abort``) or waits at most the
 fine-tuning-only budget.
@@ -94,9 +101,11 @@ class SLOMargin:
         self._proxy: deque[float] = deque(maxlen=max(window, drift_window))  # its tail is the drift window
         self.drift_window = drift_window
         self._gaps: deque[float] = deque(maxlen=2 * window)
+        self._inference: deque[float] = deque(maxlen=window)
         self._prior = 1.0
         self._last_end: float | None = None  # end of the previous step, if it had inference
         self.factor = 1.0
+        self.inference_factor = 1.0
         self.overhead_s = 0.0
         self._update()
 
@@ -122,6 +131,8 @@ class SLOMargin:
                 self._mixed.append(ratio)
             elif record.finetune_sample_ids or (inference and record.mode is ExecutionMode.EAGER):
                 self._proxy.append(ratio)
+            if inference and not record.finetune_sample_ids:
+                self._inference.append(ratio)
         self._update()
 
     def _update(self) -> None:
@@ -136,6 +147,10 @@ class SLOMargin:
                 if pool:
                     f = max(f, _quantile(pool, self.quantile))
         self.factor = min(self.max_factor, max(1.0, f))
+        g = _quantile(self._inference, self.quantile) if self._inference else 1.0
+        if len(self._inference) < self.min_samples:
+            g = max(g, self._prior)
+        self.inference_factor = min(self.max_factor, max(1.0, g))
         self.overhead_s = _quantile(self._gaps, self.quantile) if self._gaps else 0.0
 
     @property
