@@ -118,7 +118,7 @@ def _update_error(got: dict, want: dict, init: dict) -> float:
 
 
 def train_and_compare(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # noqa: ANN001
-                      details: dict | None = None) -> tuple[float, float, int]:
+                      details: dict | None = None, **job_over) -> tuple[float, float, int]:  # noqa: ANN003
     """Run the job on ``host`` for 3 optimizer steps, replay the same batches in a plain transformers + PEFT +
     AdamW loop (fp32, CPU) from the same initial adapter, and return (max relative weight difference, how far the
     adapter moved, optimizer steps). Shared with the engine modules' exactness tests.
@@ -127,7 +127,7 @@ def train_and_compare(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # 
     and, on a host whose activations are bf16/fp16, ``peft_update_error``: the same measure for plain PEFT run in
     that dtype (on CUDA when available) against fp32 PEFT -- the precision's own noise floor, which a
     reduced-precision host is judged against (:func:`assert_within_precision`)."""
-    co = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), backward_threads=1)
+    co = CoServer(host, _job(dataset, tmp_path, **job_over), latency_model=_model(), backward_threads=1)
     assert co.dataset.report.malformed == 1
     with co:
         _drive(host, co, _requests(3, 0), until_steps=3)
@@ -142,6 +142,7 @@ def train_and_compare(host, dataset: Path, tiny_model: Path, tmp_path: Path,  # 
     worst = max((final[k] - ref_w[k]).abs().max().item() / max(ref_w[k].abs().max().item(), 1e-12) for k in ref_w)
     moved = max((final[k] - init[k]).abs().max().item() for k in ref_w)
     if details is not None:
+        details["backward_parts"] = co.stats.backward_parts
         details["update_error"] = _update_error(final, ref_w, init)
         dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(host.capabilities().activation_dtype)
         if dtype is not None:
@@ -169,6 +170,19 @@ def test_training_through_the_host_equals_plain_peft(host, dataset: Path, tiny_m
     assert moved > 0, "training did not change the adapter"
     assert worst <= exactness_tolerance, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
     assert details["update_error"] <= exactness_tolerance * 10
+
+
+@pytest.mark.exactness
+def test_an_optimizer_step_sent_in_parts_equals_plain_peft(host, dataset: Path, tiny_model: Path,  # noqa: ANN001
+                                                          tmp_path: Path, exactness_tolerance: float) -> None:
+    """With units smaller than the optimizer step, the step reaches the backward in parts while later samples are
+    still being forwarded (gradients accumulated, applied once): the update must still be plain PEFT's over the
+    whole batch."""
+    details: dict = {}
+    worst, moved, steps = train_and_compare(host, dataset, tiny_model, tmp_path, details, pack_tokens=24)
+    assert details["backward_parts"] >= steps, "no optimizer step was sent in parts"
+    assert moved > 0, "training did not change the adapter"
+    assert worst <= exactness_tolerance, f"adapter after {steps} steps differs from plain PEFT by {worst:.3g} (relative)"
 
 
 def test_coserving_keeps_client_outputs_and_learns(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001

@@ -19,6 +19,8 @@ from test_coserve import (  # noqa: E402,F401  (collected here again, against th
     dataset,
     test_backward_crash_is_recovered_without_touching_inference,
     test_coserving_keeps_client_outputs_and_learns,
+    test_an_optimizer_step_sent_in_parts_equals_plain_peft,
+    test_training_never_starves_under_continuous_load,
     test_training_through_the_host_equals_plain_peft,
 )
 

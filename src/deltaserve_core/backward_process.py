@@ -12,8 +12,9 @@ scheduling process). It starts a child with the ``spawn`` start method that maps
   ``set_finetune_adapter``/``publish_adapter``; the live tensors are never served directly);
 * the **activation buffer** (:class:`~deltaserve_core.activation_buffer.ActivationBuffer`, re-mapped by name).
 
-Control is split by urgency. Commands (``train``, ``save``, ``stop``) and reports (``ready``, ``step``,
-``checkpoint``, ``error``, ``cancelled``, ``died``) travel through two queues. The GPU grant
+Control is split by urgency. Commands (``train``, ``accumulate``/``apply`` for an optimizer step sent in parts,
+``save``, ``stop``) and reports (``ready``, ``step``, ``accumulated``, ``checkpoint``, ``error``, ``cancelled``,
+``died``) travel through two queues. The GPU grant
 (:attr:`BackwardProcess.grant`), the heartbeat and the pause timestamps are words in shared memory, read or written at
 every layer boundary without system calls.
 
@@ -249,23 +250,58 @@ def _child_main(spec: _ChildSpec) -> None:
             ctl[_STATE] = _STOPPED
             spec.reports.put(BackwardReport("stopped", cmd_id, step=trainer.step, time=time.monotonic()))
             return
-        if kind == "train":
+        if kind == "accumulate":
+            # one part of a larger optimizer step (see LoraBackward.accumulate); a failure drops the whole open step,
+            # and the report names every sample of it so the controller can hand them back
             ctl[_STATE] = _TRAINING
-            paused_total[0] = 0.0
+            held = trainer.accumulated_ids
             try:
                 samples = spec.buffer.captured_many(payload)
-                result = trainer.train_step(samples, grant)
+                trainer.accumulate(samples, grant)
             except BackwardCancelled as exc:
-                spec.reports.put(BackwardReport("cancelled", cmd_id, step=trainer.step, sample_ids=tuple(payload),
+                spec.reports.put(BackwardReport("cancelled", cmd_id, step=trainer.step,
+                                                sample_ids=held + tuple(payload), message=str(exc),
+                                                time=time.monotonic()))
+            except Exception:
+                trainer.drop_accumulated()
+                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step, sample_ids=held + tuple(payload),
+                                                message=traceback.format_exc(), time=time.monotonic()))
+            else:
+                if cuda:
+                    torch.cuda.synchronize(trainer.device)  # before the parent may overwrite the released slots
+                if spec.release_consumed:
+                    for sid in payload:
+                        spec.buffer.release(sid)
+                spec.reports.put(BackwardReport("accumulated", cmd_id, step=trainer.step, sample_ids=tuple(payload),
+                                                time=time.monotonic()))
+            ctl[_CANCEL] = 0
+            ctl[_STATE] = _IDLE
+            continue
+        if kind in ("train", "apply"):
+            ctl[_STATE] = _TRAINING
+            paused_total[0] = 0.0
+            held = trainer.accumulated_ids
+            try:
+                if kind == "apply":
+                    result = trainer.apply_accumulated(grant)
+                else:
+                    samples = spec.buffer.captured_many(payload)
+                    result = trainer.train_step(samples, grant)
+            except BackwardCancelled as exc:
+                trainer.drop_accumulated()
+                spec.reports.put(BackwardReport("cancelled", cmd_id, step=trainer.step,
+                                                sample_ids=held + tuple(payload or ()),
                                                 message=str(exc), time=time.monotonic()))
             except Exception:
-                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step, sample_ids=tuple(payload),
+                trainer.drop_accumulated()
+                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step,
+                                                sample_ids=held + tuple(payload or ()),
                                                 message=traceback.format_exc(), time=time.monotonic()))
             else:
                 if cuda:
                     # the parent reads the adapter and may overwrite released slots as soon as it hears back
                     torch.cuda.synchronize(trainer.device)
-                if spec.release_consumed:
+                if spec.release_consumed and kind == "train":
                     for sid in result.sample_ids:
                         spec.buffer.release(sid)
                 ctl[_STEP] = trainer.step
@@ -479,6 +515,20 @@ class BackwardProcess:
             raise ValueError("train_batch needs at least one sample")
         return self._send("train", list(ids), ids)
 
+    def accumulate(self, sample_ids: Sequence[int]) -> int:
+        """Add these captured samples to the open optimizer step (their gradients; the adapter does not change).
+
+        Admission may go on while this runs: every forward until :meth:`apply` uses the same adapter. Their buffer
+        slots are freed as soon as their part is done."""
+        ids = tuple(int(s) for s in sample_ids)
+        if not ids:
+            raise ValueError("accumulate needs at least one sample")
+        return self._send("accumulate", list(ids), ids)
+
+    def apply(self) -> int:
+        """Apply the open optimizer step (after every queued :meth:`accumulate`); reported as a ``step``."""
+        return self._send("apply", None)
+
     def submit_captured(self, sample_ids: Sequence[int]) -> int | None:
         """Add samples whose capture completed; dispatch a batch once ``backward_batch_tokens`` is reached.
 
@@ -517,8 +567,15 @@ class BackwardProcess:
 
     @property
     def busy(self) -> bool:
-        """Whether a training command is queued or running: Algorithm 1 admits nothing while this holds."""
-        return any(kind == "train" for kind, _ in self._in_flight.values())
+        """Whether an optimizer step is queued or running (``train`` or ``apply``): Algorithm 1 admits nothing while
+        this holds. Parts of an open step (``accumulate``) do not count: forwards until its ``apply`` use the same
+        adapter."""
+        return any(kind in ("train", "apply") for kind, _ in self._in_flight.values())
+
+    @property
+    def accumulating(self) -> bool:
+        """Whether parts of an open optimizer step are queued or running."""
+        return any(kind == "accumulate" for kind, _ in self._in_flight.values())
 
     def poll(self, timeout: float = 0.0) -> list[BackwardReport]:
         """Collect reports (waiting up to ``timeout`` for the first). Adds a ``died`` report once if the child died."""

@@ -14,8 +14,12 @@ Per step, in the scheduling process:
 From any thread: ``on_arrival`` arms the abort of a running fine-tuning-only step.
 
 Exactness hinges on one ordering rule kept here: every forward of the samples of backward batch *k* runs
-with the adapter after step *k-1*. Admission stops while a batch trains (Algorithm 1, line 2) and the host
-gets the new weights before the next admission.
+with the adapter after step *k-1*. Admission stops while an optimizer step is applied (Algorithm 1, line 2) and
+the host gets the new weights before the next admission. An optimizer step larger than one backward unit
+(``pack_tokens``) is sent to the backward in parts as their captures complete: the backward of the first parts
+runs while the engine forwards the later ones, with the same adapter, and the step is applied once its batch is
+complete (gradients accumulated, the update of one step over the whole batch; see
+:meth:`~deltaserve_core.lora_backward.LoraBackward.accumulate`).
 
 Faults: if the backward process dies or hangs, admission pauses (inference never waits for it), a
 background thread restarts it from the newest checkpoint, the pool rewinds to that checkpoint's position
@@ -84,6 +88,8 @@ class CoServeStats:
     #: deferred host work (adapter installs, publishes) run, by kind; ``forced``: run past the hard deadline
     host_work_runs: Counter[str] = field(default_factory=Counter)
     host_work_forced: int = 0
+    #: parts of optimizer steps sent to the backward while the step was still being forwarded
+    backward_parts: int = 0
     host_work_max_wait_s: float = 0.0
 
     def estimator_mape(self, mode: str) -> float | None:
@@ -105,6 +111,7 @@ class CoServeStats:
             "published": list(self.published), "checkpoints": list(self.checkpoints),
             "admission_reasons": dict(self.admission_reasons), "host_work_runs": dict(self.host_work_runs),
             "host_work_forced": self.host_work_forced, "host_work_max_wait_s": self.host_work_max_wait_s,
+            "backward_parts": self.backward_parts,
         }
 
 
@@ -187,6 +194,12 @@ class CoServer:
         self._published_step = -1
         self._pending_ids: list[int] = []
         self._pending_tokens = 0
+        # the open optimizer step: parts already sent to the backward (accumulate), not yet applied
+        self._step_ids: list[int] = []
+        self._step_tokens = 0
+        pack = job.pack_tokens
+        #: an optimizer step is sent in parts of at least this many tokens (None: in one piece, the paper's way)
+        self.part_tokens: int | None = pack if 0 < pack < job.backward_batch_tokens else None
         self._started = False
         # Host calls that cost engine time between two steps (adapter installs and publishes: a safetensors write
         # and an add_lora each), run when a step can absorb them (see _run_host_work); newest per key.
@@ -381,7 +394,7 @@ class CoServer:
                                          else None if installed else AdmissionReason.INSTALL_PENDING)
         if batch.is_empty:
             self.buffer.clear_abort()
-            if pause is None and len(self.pool) == 0 and self._pending_ids:
+            if pause is None and len(self.pool) == 0 and (self._pending_ids or self._step_ids):
                 self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
                 pause = AdmissionReason.BACKWARD_RUNNING
         decision: AdmissionDecision = self.admission.decide(
@@ -446,8 +459,10 @@ class CoServer:
             if self.backward is not None and self._recovering is None:
                 self._pending_ids.extend(record.finetune_sample_ids)
                 self._pending_tokens += record.finetune_tokens
-                if self._pending_tokens >= self.job.backward_batch_tokens:
+                if self._pending_tokens + self._step_tokens >= self.job.backward_batch_tokens:
                     self._dispatch_backward()
+                elif self.part_tokens is not None and self._pending_tokens >= self.part_tokens:
+                    self._dispatch_backward(close=False)
         missing = {s.sample_id for s in admitted} - set(record.finetune_sample_ids) - set(record.aborted_sample_ids)
         if missing:  # the host dropped rows it was given: give them back rather than lose them
             log.warning("host %r did not run admitted samples %s in step %d; returning them to the pool",
@@ -459,15 +474,25 @@ class CoServer:
 
     # ------------------------------------------------------------------------------------------ backward
 
-    def _dispatch_backward(self) -> None:
-        """Train every captured sample not yet trained, as one optimizer step.
+    def _dispatch_backward(self, *, close: bool = True) -> None:
+        """Train every captured sample not yet trained, as one optimizer step (``close=False``: send them as a
+        part of the open step, which stays open).
 
         The batch is *all* pending captures, even past ``backward_batch_tokens``: every one of them was forwarded
         with the current adapter, so splitting them across two optimizer steps would train the second part on
         activations computed with stale weights (the paper's batch size is the threshold, not a cut)."""
         assert self.backward is not None
         try:
-            self.backward.train_batch(self._pending_ids)
+            if self.part_tokens is None:
+                self.backward.train_batch(self._pending_ids)
+            else:
+                if self._pending_ids:
+                    self.backward.accumulate(self._pending_ids)
+                    self.stats.backward_parts += 1
+                    self._step_ids.extend(self._pending_ids)
+                    self._step_tokens += self._pending_tokens
+                if close:
+                    self.backward.apply()
         except BackwardProcessError as exc:
             # The child died since the last poll: this runs inside the host's step, which must not fail for it.
             # Recover exactly as poll() would have; the restart returns untrained captures to the pool.
@@ -490,6 +515,7 @@ class CoServer:
         bw = self.backward
         assert bw is not None
         if rep.kind == "step":
+            self._step_ids, self._step_tokens = [], 0
             self.pool.complete(list(rep.sample_ids))
             self.stats.optimizer_steps += 1
             self.stats.trained_batches.append(tuple(rep.sample_ids))
@@ -510,8 +536,17 @@ class CoServer:
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
-        elif rep.kind == "error":
-            log.error("backward process error (it keeps running): %s", rep.message)
+        elif rep.kind in ("error", "cancelled"):
+            log.error("backward process %s (it keeps running): %s", rep.kind, rep.message)
+            if self.part_tokens is not None and rep.sample_ids:
+                # the child dropped the open step: its samples are admissible again, forwarded anew
+                dropped = sorted(set(rep.sample_ids))
+                for sid in dropped:
+                    self.buffer.release(sid)  # type: ignore[union-attr]
+                self.pool.release(dropped)
+                gone = set(dropped)
+                self._step_ids = [i for i in self._step_ids if i not in gone]
+                self._step_tokens = self._step_tokens if self._step_ids else 0
         elif rep.kind == "died":
             self._recover(rep.message)
 
@@ -594,6 +629,7 @@ class CoServer:
                     self.pool = self.dataset.make_pool()
                 self._admitted.clear()
                 self._pending_ids, self._pending_tokens = [], 0
+                self._step_ids, self._step_tokens = [], 0
                 # an install queued before the fault belongs to a version the restart may have rewound past
                 self._host_work.pop(_INSTALL, None)
                 self._host_work_since.pop(_INSTALL, None)
@@ -614,8 +650,8 @@ class CoServer:
         bw = self.backward
         # pending host work (the last install or publish) keeps the job unfinished, so hosts keep offering the
         # idle step it runs in
-        return (self.pool.finished and bw is not None and not bw.busy and not self._pending_ids
-                and self._recovering is None and not self._host_work)
+        return (self.pool.finished and bw is not None and not bw.busy and not bw.accumulating
+                and not self._pending_ids and not self._step_ids and self._recovering is None and not self._host_work)
 
     def _maybe_log(self) -> None:
         now = time.monotonic()

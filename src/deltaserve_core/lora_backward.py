@@ -115,6 +115,11 @@ class StepResult:
     layer_times_s: tuple[float, ...] = field(default=(), repr=False)
 
 
+def samples_meta(samples: Sequence[CapturedSample]) -> list[tuple[int, int, int]]:
+    """(sample id, tokens, target tokens) of each sample: what an open optimizer step remembers of its parts."""
+    return [(s.sample_id, s.num_tokens, s.num_targets) for s in samples]
+
+
 def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module, nn.Module, str]:
     """``(decoder, layers, final_norm, lm_head, layers_path)`` of a transformers causal LM.
 
@@ -265,6 +270,7 @@ class LoraBackward:
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=config.lr, betas=config.betas,
                                            eps=config.eps, weight_decay=config.weight_decay)
         self.step = 0
+        self._reset_open()
         #: on CUDA, synchronise after each unit so per-layer times include device work (the backward process turns
         #: this on: it synchronises at every boundary anyway to bound preemption latency)
         self.sync_timing = False
@@ -378,8 +384,8 @@ class LoraBackward:
 
     # ------------------------------------------------------------------------------------------ training
 
-    def backward(self, samples: Sequence[CapturedSample],
-                 grant: Callable[[], object] | None = None) -> tuple[float, tuple[float, ...]]:
+    def backward(self, samples: Sequence[CapturedSample], grant: Callable[[], object] | None = None, *,
+                 normalizer: int | None = None) -> tuple[float, tuple[float, ...]]:
         """Accumulate the gradients of one backward batch into the LoRA parameters' ``.grad``.
 
         The loss is normalised by the batch's total target tokens, so call it once per optimizer step with the
@@ -388,11 +394,14 @@ class LoraBackward:
         :attr:`TrainerConfig.pack_tokens`) -- so a paused backward holds the device for at most one layer of one
         unit; it blocks while inference holds the device and may raise
         :class:`BackwardCancelled`. Returns ``(loss, seconds per layer summed over samples, pauses excluded)``; with
-        :attr:`sync_timing` on CUDA those include the device work, else only the launches.
+        :attr:`sync_timing` on CUDA those include the device work, else only the launches. ``normalizer`` divides
+        the summed token losses instead of the batch's own target count (:meth:`accumulate` passes 1).
         """
         total_targets = sum(s.num_targets for s in samples)
         if total_targets == 0:
             raise ValueError("backward batch has no target tokens (every loss_mask[1:] is False); nothing to train")
+        if normalizer is not None:
+            total_targets = normalizer
         live = [s for s in samples if s.num_targets > 0]
         units = [[live[i] for i in group] for group in self.units(live)]
         kwargs = [self.layer_kwargs([s.num_tokens for s in unit]) for unit in units]
@@ -442,6 +451,62 @@ class LoraBackward:
                         torch.cuda.synchronize(self.device)
                     layer_times[li] += time.perf_counter() - t0
         return float(loss_acc), tuple(layer_times)
+
+    def accumulate(self, samples: Sequence[CapturedSample], grant: Callable[[], object] | None = None) -> float:
+        """Add one part of an optimizer step's batch to the step's gradients; returns the part's summed token loss.
+
+        The controller sends a large optimizer step in parts as their captures complete, so the backward of the
+        first parts runs while the engine still forwards the later ones (all with the same adapter: the step is
+        applied once, by :meth:`apply_accumulated`). Token losses are summed here and the sum of gradients is divided
+        by the step's target count once at the end, which is the gradient of the mean loss over the whole batch: the
+        update of one :meth:`train_step` over all parts, up to rounding. If ``grant`` raises, the whole open step is
+        dropped (:meth:`drop_accumulated`) and the adapter is unchanged."""
+        if not self._open:
+            self.optimizer.zero_grad(set_to_none=True)
+        try:
+            loss_sum, layer_times = self.backward(samples, grant, normalizer=1)
+        except BaseException:
+            self.drop_accumulated()
+            raise
+        self._open.extend(samples_meta(samples))
+        self._open_loss += loss_sum
+        self._open_time += sum(layer_times)
+        return loss_sum
+
+    def apply_accumulated(self, grant: Callable[[], object] | None = None) -> StepResult:
+        """Apply the optimizer step whose parts :meth:`accumulate` gathered."""
+        if not self._open:
+            raise ValueError("no accumulated gradients to apply: accumulate() at least one part first")
+        t0 = time.perf_counter()
+        targets = sum(t for _, _, t in self._open)
+        scale = 1.0 / targets
+        for p in self.params.values():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        if grant is not None:
+            grant()
+        self.optimizer_step()
+        result = StepResult(step=self.step, loss=self._open_loss / targets,
+                            sample_ids=tuple(i for i, _, _ in self._open), tokens=sum(n for _, n, _ in self._open),
+                            target_tokens=targets, duration_s=self._open_time + time.perf_counter() - t0)
+        self._reset_open()
+        return result
+
+    def drop_accumulated(self) -> tuple[int, ...]:
+        """Abandon the open step (its gradients); returns the ids of the samples it held."""
+        ids = tuple(i for i, _, _ in self._open)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._reset_open()
+        return ids
+
+    @property
+    def accumulated_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, _, _ in self._open)
+
+    def _reset_open(self) -> None:
+        self._open: list[tuple[int, int, int]] = []  # (sample id, tokens, target tokens) of the open step
+        self._open_loss = 0.0
+        self._open_time = 0.0
 
     def optimizer_step(self) -> None:
         """Apply AdamW to the accumulated gradients (in place on the shared adapter tensors)."""
