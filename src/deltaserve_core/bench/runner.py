@@ -337,7 +337,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
                 max_prefill_tokens=min(cfg.max_batch_tokens, 1024, max_pos // 2),
                 max_decode_batch=cfg.max_running_requests,
                 max_kv=min(cfg.max_running_requests * (cfg.max_prompt + cfg.max_output), max_pos - 64),
-                max_ft_tokens=min(cfg.ft_max_length * 4, cfg.max_batch_tokens))
+                max_ft_tokens=min(max(cfg.ft_max_length * 4, cfg.buffer_tokens), cfg.max_batch_tokens))
             latency_model, records = profile.model, profile.records
             calib_info = {"source": "profile", "quality": format_quality(profile),
                           "wall_s": time.monotonic() - t0}
