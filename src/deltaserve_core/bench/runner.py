@@ -542,7 +542,9 @@ def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration
     extra = {"finetune_forward_tokens": stats["forward_tokens"], "optimizer_steps": stats["optimizer_steps"],
              "finetune_only_steps": stats["finetune_only_steps"], "aborted_samples": stats["aborted_samples"],
              "steps_with_finetune": stats["steps_with_finetune"], "first_loss": stats["first_loss"],
-             "last_loss": stats["last_loss"]}
+             "last_loss": stats["last_loss"], "admission_reasons": stats["admission_reasons"],
+             "host_work_runs": stats["host_work_runs"], "host_work_forced": stats["host_work_forced"],
+             "host_work_max_wait_s": stats["host_work_max_wait_s"], "backward_parts": stats["backward_parts"]}
     return SystemRun(system, _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
 
 
