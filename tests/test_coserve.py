@@ -356,6 +356,8 @@ def test_training_never_starves_under_continuous_load(host, dataset: Path, tmp_p
     assert stats["finetune_only_steps"] == 0, "a step without client work ran: the load was not continuous"
     assert stats["host_work_forced"] == 0  # the measured cost fitted; the deadline was not needed
     assert stats["admission_reasons"].get("admitted", 0) >= 4
+    # a step whose spare time went to an install takes no fine-tuning rows (its budget predates the install)
+    assert stats["admission_reasons"].get("host_work_in_step", 0) >= 1
 
 
 def test_an_install_no_step_can_absorb_still_runs_within_its_deadline(host, dataset: Path, tmp_path: Path,  # noqa: ANN001

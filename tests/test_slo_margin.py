@@ -141,3 +141,24 @@ def test_factor_bounds_every_windowed_ratio_it_claims_to(ratios: list[float], q:
     covered = sum(r <= m.factor + 1e-12 for r in window) / len(window)
     assert 1.0 <= m.factor <= 3.0
     assert covered >= q or m.factor == 3.0
+
+
+def test_host_work_the_controller_ran_between_two_steps_is_not_overhead() -> None:
+    m = SLOMargin()
+    m.observe(decode(0, 10.0, 0.05), None)
+    m.discount_gap(0.055)  # an adapter install ran before the next step
+    m.observe(decode(1, 10.05 + 0.058, 0.05), None)
+    assert m.overhead_s == pytest.approx(0.003)
+    m.observe(decode(2, 10.158 + 0.004, 0.05), None)  # the discount applied to one gap only
+    assert m.overhead_s == pytest.approx(0.004)
+
+
+def test_inference_factor_prices_steps_without_finetune_rows_apart_from_the_mixed_warmup() -> None:
+    m = SLOMargin(min_samples=4)
+    assert m.factor == pytest.approx(2.0)  # the warm-up holds mixed steps to half the budget
+    for i in range(4):
+        m.observe(decode(i, 10.0 + i, 0.011), 0.010)
+    assert m.inference_factor == pytest.approx(1.1)
+    assert m.factor == pytest.approx(2.0)  # no mixed step ran yet
+    m.observe(mixed(9, 20.0, 0.3), 0.1)  # steps with fine-tuning rows do not move the inference factor
+    assert m.inference_factor == pytest.approx(1.1)

@@ -100,6 +100,7 @@ class AdmissionReason(str, enum.Enum):
     BACKWARD_RUNNING = "backward_running"  # line 2: activations of the running backward must not be overwritten
     INSTALL_PENDING = "install_pending"  # beyond the paper: the newest adapter version is not on the host yet
     BACKWARD_RECOVERING = "backward_recovering"  # beyond the paper: the backward process is being restarted
+    HOST_WORK_IN_STEP = "host_work_in_step"  # beyond the paper: this step's spare time went to an adapter install
     BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
     POOL_EMPTY = "pool_empty"  # line 2
     DECODE_ONLY_STEP = "decode_only_step"  # line 5: host cannot mix, step has no prefill

@@ -388,10 +388,17 @@ class CoServer:
         bw = self.backward
         assert bw is not None and self.buffer is not None, "CoServer.start() must run before the host schedules"
         # no admission until the adapter the backward just produced is installed: rows must run on the newest weights
-        installed = self._run_host_work(batch)
+        installed, host_s = self._run_host_work(batch)
+        if host_s and self.margin is not None:
+            self.margin.discount_gap(host_s)
+        # A step whose spare time just went to host work takes no fine-tuning rows: its decodes already waited for
+        # that work, and the batch's budget was computed before it ran (an install followed by a mixed step took
+        # the token gap past TPOT on the H200).
         pause: AdmissionReason | None = (AdmissionReason.BACKWARD_RECOVERING if self._recovering is not None
                                          else AdmissionReason.BACKWARD_RUNNING if bw.busy
-                                         else None if installed else AdmissionReason.INSTALL_PENDING)
+                                         else AdmissionReason.INSTALL_PENDING if not installed
+                                         else AdmissionReason.HOST_WORK_IN_STEP if host_s and not batch.is_empty
+                                         else None)
         if batch.is_empty:
             self.buffer.clear_abort()
             if pause is None and len(self.pool) == 0 and (self._pending_ids or self._step_ids):
@@ -405,9 +412,12 @@ class CoServer:
         if len(self._step_reasons) > 4096:
             self._step_reasons.popitem(last=False)
         samples = decision.samples
-        if batch.has_prefill or (self.preempt_decode and not batch.is_empty):
+        if batch.has_prefill or (not batch.is_empty and (self.preempt_decode or samples)):
             # Paper §3.4: prefill reclaims the device from the backward within one layer. Where inference and
-            # training share CPU cores, decode steps must reclaim it too, or their TPOT pays for the backward.
+            # training share CPU cores, decode steps must reclaim it too, or their TPOT pays for the backward. So do
+            # decode steps carrying fine-tuning rows (now that parts of a step train while later ones are
+            # forwarded): they are priced from calibration without a backward beside them, and on the H200 they
+            # ran up to 1.9x their prediction with one.
             bw.grant.clear()
         if samples:
             kept = []
@@ -550,8 +560,9 @@ class CoServer:
         elif rep.kind == "died":
             self._recover(rep.message)
 
-    def _run_host_work(self, batch: ProposedBatch) -> bool:
-        """Run the deferred host calls ``batch`` can absorb; whether no adapter install is left pending.
+    def _run_host_work(self, batch: ProposedBatch) -> tuple[bool, float]:
+        """Run the deferred host calls ``batch`` can absorb; (whether no adapter install is left pending, seconds
+        the calls took).
 
         Installing an adapter version (or publishing one) runs on the engine's thread between two steps, so every
         decode in flight waits for it (tens of ms on a GPU with an 8B model, against a TPOT SLO of ~100 ms). Each
@@ -559,13 +570,13 @@ class CoServer:
         slowest such call measured recently (:meth:`_fits`), installs first; admission pauses while an install
         waits. The cost is measured at :meth:`start`, and the wait is bounded (``host_work_deadline_s``)."""
         if not self._host_work:
-            return True
+            return True, 0.0
         now = time.monotonic()
         used = 0.0
         for key in (_INSTALL, _PUBLISH):
             if key in self._host_work and self._fits(key, batch, now, used):
                 used += self._run_one(key)
-        return _INSTALL not in self._host_work
+        return _INSTALL not in self._host_work, used
 
     def _fits(self, key: str, batch: ProposedBatch, now: float, used: float) -> bool:
         if batch.is_empty:

@@ -40,7 +40,9 @@ which is what the runs showed (a mixed step at 1.44x its prediction against a wi
 decodes late). 128 makes that ~0.8 %; the cost is that one slow step holds the factor up for longer.
 
 ``overhead_s`` is the same quantile as ``factor`` of the idle time between a step with inference and the next step
-that continues its decodes.
+that continues its decodes, less any host work the controller itself ran in that gap (:meth:`discount_gap`): an
+adapter install is priced on its own, and counting it again as overhead (the window's maximum) held every later
+step to a budget short by the install's cost, so the next install never fitted either.
 
 ``inference_factor`` prices host work that lengthens a step *without* fine-tuning rows (installing an adapter
 version between two steps): the same quantile of measured ÷ predicted over the last ``window`` inference-only steps,
@@ -104,6 +106,7 @@ class SLOMargin:
         self._inference: deque[float] = deque(maxlen=window)
         self._prior = 1.0
         self._last_end: float | None = None  # end of the previous step, if it had inference
+        self._discount = 0.0
         self.factor = 1.0
         self.inference_factor = 1.0
         self.overhead_s = 0.0
@@ -120,9 +123,10 @@ class SLOMargin:
         inference = bool(record.prefill_lengths) or record.num_decode > 0
         if self._last_end is not None and record.num_decode > 0:
             # the decodes in this step got their previous token from the step that ended at _last_end
-            gap = record.start_time - self._last_end
+            gap = record.start_time - self._last_end - self._discount
             if gap >= 0:
                 self._gaps.append(gap)
+        self._discount = 0.0
         self._last_end = record.start_time + record.duration_s if inference else None
         if (not record.aborted_sample_ids and predicted_s is not None and predicted_s > 0
                 and record.duration_s > 0):
@@ -152,6 +156,10 @@ class SLOMargin:
             g = max(g, self._prior)
         self.inference_factor = min(self.max_factor, max(1.0, g))
         self.overhead_s = _quantile(self._gaps, self.quantile) if self._gaps else 0.0
+
+    def discount_gap(self, seconds: float) -> None:
+        """The controller ran host work for ``seconds`` before the next step: not host overhead between steps."""
+        self._discount += max(0.0, seconds)
 
     @property
     def mixed_samples(self) -> int:
