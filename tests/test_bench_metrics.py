@@ -94,13 +94,15 @@ def test_write_results(tmp_path: Path) -> None:
     assert list(csv.DictReader(open(paths["summary_csv"]))) == [{"system": "a", "x": "1.0", "y": "nan"}]
     assert list(csv.DictReader(open(paths["requests_csv"])))[0]["request_id"] == "r"
     assert "steps_csv" not in paths  # no steps, no file
-    steps = [step_row("a", StepSample(0.5, 0.2, True, 64, "eager", 0.25, 10, 3, 2)),
+    steps = [step_row("a", StepSample(0.5, 0.2, True, 64, "eager", 0.25, 10, 3, 2, "admitted")),
              step_row("a", StepSample(1.0, 0.1, False, 32, "eager"))]
     paths = write_results(tmp_path, "s", result, rows, steps)
     got = list(csv.DictReader(open(paths["steps_csv"])))
     assert got[0] == {"system": "a", "start_s": "0.5", "duration_s": "0.2", "predicted_s": "0.25", "mode": "eager",
-                      "prefill_tokens": "10", "decodes": "3", "ft_rows": "2", "ft_tokens": "64"}
+                      "prefill_tokens": "10", "decodes": "3", "ft_rows": "2", "ft_tokens": "64",
+                      "ft_reason": "admitted"}
     assert got[1]["predicted_s"] == ""  # unpriced step
+    assert got[1]["ft_reason"] == ""  # no co-server decided it
 
 
 # -------------------------------------------------------------------------------------------- policies
