@@ -731,7 +731,8 @@ def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration
              "last_loss": stats["last_loss"],
              # why steps carried what they did, counted; and the deferred host work (installs, publishes)
              "admission_reasons": stats.get("admission_reasons", {}), "host_work_runs": stats.get("host_work_runs", {}),
-             "host_work_forced": stats.get("host_work_forced"), "host_work_max_wait_s": stats.get("host_work_max_wait_s")}
+             "host_work_forced": stats.get("host_work_forced"),
+             "host_work_max_wait_s": stats.get("host_work_max_wait_s")}
     return SystemRun(system, _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
 
 
