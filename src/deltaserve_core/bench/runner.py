@@ -722,6 +722,8 @@ def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration
         outputs, start, ft_steps = replay(host, arr, duration_s=duration, coserver=co, notify=co.on_arrival,
                                           on_tick=bar.tick, start=start, drain_timeout_s=cfg.drain_timeout_s)
         stats = co.stats.as_dict()
+        # the recorder stays attached through the no-inference phase below; its steps are not this replay's
+        steps = list(rec.steps)
         if dedicated is not None:
             dedicated.update(_dedicated_phase(host, co, cfg))
     reqs = _results(outputs, arr, start)
@@ -733,7 +735,7 @@ def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration
              "admission_reasons": stats.get("admission_reasons", {}), "host_work_runs": stats.get("host_work_runs", {}),
              "host_work_forced": stats.get("host_work_forced"),
              "host_work_max_wait_s": stats.get("host_work_max_wait_s")}
-    return SystemRun(system, _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
+    return SystemRun(system, _window(reqs, duration), reqs, ft_steps, steps, extra)
 
 
 def _dedicated_phase(host: Any, co: Any, cfg: BenchConfig) -> dict[str, Any]:
