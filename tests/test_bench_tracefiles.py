@@ -178,3 +178,23 @@ def test_run_bench_refuses_a_bad_file_before_the_host_starts(tmp_path: Path, mon
     with pytest.raises(AssertionError, match="create_host was called"):
         run_bench(BenchConfig(host="reference", trace=str(late), systems=("bare",), out_dir=str(tmp_path),
                               progress=False))
+
+
+def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
+    from deltaserve_core.bench.runner import add_bench_arguments, config_from_args
+
+    p = tmp_path / "x.csv"
+    p.write_text("when,in,out\n0,10,2\n1,20,3\n")
+    ap = argparse.ArgumentParser()
+    add_bench_arguments(ap)
+    cfg = config_from_args(ap.parse_args([
+        "--trace", str(p), "--trace-columns", "time=when,prompt=in,output=out", "--trace-time-unit", "ms",
+        "--trace-start", "0.5", "--slo-regime", "paper,tight", "--static-shares", "25,75", "--device", "cuda",
+        "--systems", "bare,deltaserve,static_mps"]))
+    assert cfg.trace_columns == {"time": "when", "prompt": "in", "output": "out"} and cfg.trace_time_unit == "ms"
+    assert cfg.trace_start_s == 0.5 and cfg.slo_regimes == ("paper", "tight")
+    assert cfg.instances == ("bare", "static_mps@25", "static_mps@75", "deltaserve")
+    every = config_from_args(ap.parse_args(["--device", "cuda", "--static-shares", "50"]))
+    assert "split_pool" not in {n.split("@")[0] for n in every.instances}  # refused on one GPU: left out of "all"
+    with pytest.raises(ValueError, match="distinct"):
+        config_from_args(ap.parse_args(["--slo-regime", "paper,paper"]))
