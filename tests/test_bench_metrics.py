@@ -220,6 +220,10 @@ def test_headline_takes_the_best_baseline_that_held_100pct_slo() -> None:
     assert h["share_sweep"]["static_mps"]["largest_share_at_100pct_slo"] is None
     summaries["idle_only"]["slo_attainment"] = 0.5
     assert headline(summaries)["ratio"] is None  # nothing to beat: no baseline an operator could run
+    zero = {"deltaserve": _s(0, 1.0), "static_mps": _s(0, 1.0)}
+    assert headline(zero)["ratio"] is None  # 0 / 0 is no result
+    zero["deltaserve"] = _s(5, 1.0)
+    assert headline(zero)["ratio"] == math.inf
 
 
 def test_goals_use_the_regime_target() -> None:

@@ -53,7 +53,8 @@ def bench_result(tiny_model: Path, dataset: Path, trace_file: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> dict:
     # One run shared by the tests below: each system spawns its own backward (or trainer) process, which is most
     # of the time; the tests only read different parts of the same result.
-    cfg = BenchConfig(host="reference", model=str(tiny_model), trace=str(trace_file), duration_s=None,
+    # scale 1: the file's own pace (auto would compress its 7 arrivals to the fixed model's large capacity)
+    cfg = BenchConfig(host="reference", model=str(tiny_model), trace=str(trace_file), duration_s=None, scale=1.0,
                       ttft_s=5.0, tpot_s=2.0, dataset=str(dataset), ft_max_length=64, buffer_tokens=512,
                       backward_batch_tokens=96, dedicated_s=1.5, out_dir=str(tmp_path_factory.mktemp("bench-out")),
                       stem="t", progress=False)

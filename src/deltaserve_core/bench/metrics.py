@@ -234,7 +234,9 @@ def headline(summaries: dict[str, dict[str, Any]], *, deltaserve: str = "deltase
                            "share_sweep": shares, "ratio": None}
     if ds is not None and best_name is not None:
         out["deltaserve_ft_tok_s"] = ds["finetune_tokens_per_s"]
-        out["ratio"] = ds["finetune_tokens_per_s"] / best if best > 0 else math.inf
+        ft = ds["finetune_tokens_per_s"]
+        # a best baseline that trained nothing: DeltaServe wins outright if it trained, else there is no ratio
+        out["ratio"] = ft / best if best > 0 else (math.inf if ft > 0 else None)
     return out
 
 
