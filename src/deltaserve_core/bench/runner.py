@@ -107,6 +107,8 @@ class BenchConfig:
     progress: bool = True
     plots: bool = True
     drain_timeout_s: float = 600.0
+    #: what runs, from :func:`expand_systems` (set on construction)
+    instances: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if family(s) not in SYSTEMS]
