@@ -87,6 +87,8 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
         os.sched_setaffinity(0, spec.cores)
     if spec.mps_percentage is not None:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.mps_percentage)
+    else:  # uncapped means uncapped, whatever the launching shell exported
+        os.environ.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
     threads = spec.threads or (len(spec.cores) if spec.cores else 1)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
