@@ -16,20 +16,26 @@
 #   TRACES         space-separated: burst-light, burst-dense, production, or trace files (default: "burst-light
 #                  $X/conversation_trace.jsonl" -- burst-light and a Mooncake window in one call). TRACE=... (one
 #                  trace) is still honoured.
-#   SYSTEMS        comma list (default bare,deltaserve,idle_only,static_mps; add llmstation,paper_rule,no_interrupt
-#                  when the budget allows). split_pool is refused on one GPU (the in-process engine cannot be capped;
+#   SYSTEMS        comma list (default bare,deltaserve,static_mps; add idle_only,llmstation,paper_rule,no_interrupt
+#                  when the budget allows: each co-server costs ~2 x (15-20 s start-up + the window)). split_pool is refused on one GPU (the in-process engine cannot be capped;
 #                  docs/benchmarks.md).
 #   STATIC_SHARES  MPS shares (%) of the static_mps trainer, one system per share (default 25,50,75).
 #   SLO_REGIMES    paper,tight (default): every co-served system runs once per regime; the trainer baselines run once
 #                  and are judged under both. tight is derived from the bare run of the same trace.
-#   DURATION       seconds of a generated trace (default 15); FILE_DURATION seconds of a trace file's window (default
-#                  20), TRACE_START where the window starts in file seconds (default 600), FILE_LOAD the window's mean
+#   DURATION       seconds of a generated trace (default 10); FILE_DURATION seconds of a trace file's window (default
+#                  12), TRACE_START where the window starts in file seconds (default 600), FILE_LOAD the window's mean
 #                  rate as a fraction of the host's capacity (default 0.575: 55-60 %).
-#   BUDGET         seconds for the whole bench part of the call (default 500); each run gets what is left.
-# Budget (default settings, fresh machine): model build ~1 min, then per trace ~1.5 min of vLLM start + calibration
-# (much less on the second trace), ~25 s trainer alone, bare + 3 static shares + 2 co-servers x 2 regimes, each
-# ~15-20 s of start-up plus the window. The full matrix (llmstation, paper_rule, a 2-minute window, burst-dense,
-# production) does not fit one 10-minute call: run it as several calls with SYSTEMS/TRACES/FILE_DURATION.
+#   DEDICATED      seconds of the packed PEFT trainer alone, the harvest denominator (default 6).
+#   BUDGET         seconds for the bench part of the call (default 480; the model build before it takes ~1 min). Every
+#                  trace but the last may use what is left less RESERVE (default 200) s per trace still to come.
+#                  A run cut by its limit writes no results (the bench writes its files at the end).
+# Budget estimate from the earlier H200 runs' phase times (these defaults have NOT been timed on the device yet):
+# first trace ~5 min (vLLM start with kernel compilation ~1.5 min, calibration ~1 min, trainer alone ~15 s, then bare,
+# 3 static shares and deltaserve under 2 regimes at ~15 s of start-up plus the window each), the second ~3.5 min
+# (compile cache and calibration profile reused): about 9.5 min with the model build, at the edge of one call. If it
+# overruns, drop a share (STATIC_SHARES=25,75) or a regime (SLO_REGIMES=tight). The full matrix (idle_only,
+# llmstation, paper_rule, a 2-minute window, burst-dense, production) takes several calls (SYSTEMS / TRACES /
+# FILE_DURATION).
 #
 # MPS: the daemon is started here, before any CUDA context, so vLLM, the backward process and the trainers are all MPS
 # clients (DeltaServe's backward runs under MPS by design; static_mps caps only its trainer, the trainer alone runs
@@ -39,18 +45,19 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/bench}
 X=${X:-.whl/x}
 TRACES=${TRACES:-${TRACE:-burst-light $X/conversation_trace.jsonl}}
-SYSTEMS=${SYSTEMS:-bare,deltaserve,idle_only,static_mps}
+SYSTEMS=${SYSTEMS:-bare,deltaserve,static_mps}
 STATIC_SHARES=${STATIC_SHARES:-25,50,75}
 SLO_REGIMES=${SLO_REGIMES:-paper,tight}
-DURATION=${DURATION:-15}
-FILE_DURATION=${FILE_DURATION:-20}
+DURATION=${DURATION:-10}
+FILE_DURATION=${FILE_DURATION:-12}
 TRACE_START=${TRACE_START:-600}
 FILE_LOAD=${FILE_LOAD:-0.575}
-BUDGET=${BUDGET:-500}
+BUDGET=${BUDGET:-480}
+RESERVE=${RESERVE:-200}
 GPU_UTIL=${GPU_UTIL:-0.45}
 BWD_TOKENS=${BWD_TOKENS:-256}     # tokens per optimizer step, every fine-tuning system alike
 BUFFER=${BUFFER:-2048}            # activation buffer S_max
-DEDICATED=${DEDICATED:-10}        # seconds of the packed PEFT trainer alone (the harvest denominator)
+DEDICATED=${DEDICATED:-6}        # seconds of the packed PEFT trainer alone (the harvest denominator)
 PREFIX=${NAME:-bench_vllm_llama8b-shape}
 MODEL=${MODEL:-/tmp/llama8b-shape}
 mkdir -p "$OUT"
@@ -87,9 +94,13 @@ nvidia-cuda-mps-control -d 2>/dev/null || echo "MPS daemon already running or un
 # is 400 ms / 120 ms, the tight one derived from bare. Lengths: a trace file's own, clipped to 1024 / 256 tokens
 # (the JSON's trace.params counts the clipped requests); generated traces draw ShareGPT lengths.
 T_END=$(( $(date +%s) + BUDGET ))
+set -- $TRACES
+NLEFT=$#
 for TR in $TRACES; do
   LEFT=$(( T_END - $(date +%s) ))
-  if [ "$LEFT" -lt 60 ]; then echo "[bench_h200] budget spent, skipping $TR"; continue; fi
+  CAP=$(( LEFT - RESERVE * (NLEFT - 1) ))
+  NLEFT=$(( NLEFT - 1 ))
+  if [ "$CAP" -lt 60 ]; then echo "[bench_h200] budget spent, skipping $TR"; continue; fi
   if [ -f "$TR" ]; then
     TAG=$(basename "${TR%.*}")_w${TRACE_START}
     EXTRA=(--trace-start "$TRACE_START" --duration "$FILE_DURATION" --load "$FILE_LOAD")
@@ -97,8 +108,8 @@ for TR in $TRACES; do
     TAG=$TR
     EXTRA=(--duration "$DURATION")
   fi
-  echo "[bench_h200] $TR: ${LEFT} s left"
-  timeout "$LEFT" deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
+  echo "[bench_h200] $TR: up to ${CAP} of ${LEFT} s left"
+  timeout "$CAP" deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
     --trace "$TR" "${EXTRA[@]}" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
     --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens 8192 --slo-regime "$SLO_REGIMES" \
     --option gpu_memory_utilization=$GPU_UTIL --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
