@@ -41,7 +41,7 @@ if mc is not None and mc.is_file():
                 dst.write(json.dumps({k: r[k] for k in ("timestamp", "input_length", "output_length")}) + "\n")
     lic = mc.parent / "LICENSE-APACHE"
     if lic.is_file():
-        shutil.copy(lic, x / "LICENSE-APACHE-mooncake")
+        shutil.copyfile(lic, x / "LICENSE-APACHE-mooncake")  # not its read-only mode: a re-run overwrites it
     print("copied", mc, "->", x / mc.name)
 elif mc is not None:
     print("no Mooncake trace at", mc, "(bench_h200.sh then skips it)")
