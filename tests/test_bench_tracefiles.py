@@ -198,3 +198,11 @@ def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
     assert "split_pool" not in {n.split("@")[0] for n in every.instances}  # refused on one GPU: left out of "all"
     with pytest.raises(ValueError, match="distinct"):
         config_from_args(ap.parse_args(["--slo-regime", "paper,paper"]))
+
+
+def test_the_report_counts_every_row(tmp_path: Path) -> None:
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n[1, 2]\n{"oops"\n'
+                 '{"timestamp": 5, "input_length": 5, "output_length": 2}\n')
+    r = read_trace_file(p, skip_bad=True).report
+    assert (r["rows"], r["usable_rows"], r["bad_rows"], r["bad_lines"]) == (4, 2, 2, [2, 3])

@@ -23,6 +23,7 @@ time-scaled by :func:`window_trace` (:func:`auto_file_factor` maps a window's me
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -329,8 +330,6 @@ class TraceFile:
 
     def index_at(self, t_s: float) -> int:
         """First row at or after ``t_s`` seconds from the file's start."""
-        import bisect
-
         return bisect.bisect_left(self.times_s, t_s)
 
 
@@ -410,6 +409,7 @@ def read_trace_file(path: str | os.PathLike[str], *, columns: dict[str, str] | N
     columns = dict(columns or {})
     raw: list[tuple[int, dict[str, Any]]] = []
     bad: list[tuple[int, str]] = []
+    unparsed = 0  # lines that are not a JSON object: rows of the file, but not in ``raw``
     if p.suffix.lower() == ".csv":
         with open(p, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -426,9 +426,11 @@ def read_trace_file(path: str | os.PathLike[str], *, columns: dict[str, str] | N
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
                     bad.append((ln, f"not JSON ({exc.msg})"))
+                    unparsed += 1
                     continue
                 if not isinstance(obj, dict):
                     bad.append((ln, "not a JSON object"))
+                    unparsed += 1
                     continue
                 for k in obj:
                     names_seen.setdefault(k, None)
@@ -491,7 +493,7 @@ def read_trace_file(path: str | os.PathLike[str], *, columns: dict[str, str] | N
                 continue
         times.append((t, ln, pt, ot))
     bad.sort()
-    report: dict[str, Any] = {"path": str(p), "rows": len(raw) + sum(1 for _, why in bad if "JSON" in why),
+    report: dict[str, Any] = {"path": str(p), "rows": len(raw) + unparsed,
                               "usable_rows": len(times), "bad_rows": len(bad),
                               "bad_lines": [ln for ln, _ in bad[:_MAX_LISTED_BAD]],
                               "columns": {"time": tcol, "prompt": pcol, "output": ocol}}
