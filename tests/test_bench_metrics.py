@@ -94,13 +94,15 @@ def test_write_results(tmp_path: Path) -> None:
     assert list(csv.DictReader(open(paths["summary_csv"]))) == [{"system": "a", "x": "1.0", "y": "nan"}]
     assert list(csv.DictReader(open(paths["requests_csv"])))[0]["request_id"] == "r"
     assert "steps_csv" not in paths  # no steps, no file
-    steps = [step_row("a", StepSample(0.5, 0.2, True, 64, "eager", 0.25, 10, 3, 2)),
+    steps = [step_row("a", StepSample(0.5, 0.2, True, 64, "eager", 0.25, 10, 3, 2, "admitted")),
              step_row("a", StepSample(1.0, 0.1, False, 32, "eager"))]
     paths = write_results(tmp_path, "s", result, rows, steps)
     got = list(csv.DictReader(open(paths["steps_csv"])))
     assert got[0] == {"system": "a", "start_s": "0.5", "duration_s": "0.2", "predicted_s": "0.25", "mode": "eager",
-                      "prefill_tokens": "10", "decodes": "3", "ft_rows": "2", "ft_tokens": "64"}
+                      "prefill_tokens": "10", "decodes": "3", "ft_rows": "2", "ft_tokens": "64",
+                      "ft_reason": "admitted"}
     assert got[1]["predicted_s"] == ""  # unpriced step
+    assert got[1]["ft_reason"] == ""  # no co-server decided it
 
 
 # -------------------------------------------------------------------------------------------- policies
@@ -181,3 +183,112 @@ def test_prediction_log_keeps_what_the_policy_acted_on() -> None:
     log.decide(_decode_batch(8), pool=_pool(), backward_running=True, buffer_free_tokens=999)
     assert log.pop(8) == (-1.0, 0)  # admission stopped early: the estimator prices the inference batch
     assert log.pop(8) is None
+
+
+# -------------------------------------------------------------------------------------------- issue 14 metrics
+
+
+def test_honest_harvest_divides_by_the_trainer_alone_times_the_idle_fraction() -> None:
+    from deltaserve_core.bench.metrics import honest_harvest
+
+    assert honest_harvest(600.0, 1000.0, 0.5) == pytest.approx(1.2)
+    assert honest_harvest(600.0, None, 0.5) is None and honest_harvest(600.0, 1000.0, 0.0) is None
+    run = SystemRun("deltaserve", 10.0, [_req("a", 0.0, (0.1, 0.2))], ft_steps=[(2.0, 1000), (9.0, 2000)])
+    assert summarize(run, ttft_s=1.0, tpot_s=1.0, dedicated_ft_tok_s=500.0, idle_fraction=0.4)["harvest"] \
+        == pytest.approx(300.0 / (500.0 * 0.4))
+
+
+def _s(ft: float, slo: float) -> dict:
+    return {"finetune_tokens_per_s": ft, "slo_attainment": slo}
+
+
+def test_headline_takes_the_best_baseline_that_held_100pct_slo() -> None:
+    from deltaserve_core.bench.metrics import headline
+
+    summaries = {"bare": _s(0, 1.0), "deltaserve": _s(300, 1.0), "no_interrupt": _s(900, 1.0),  # not a baseline
+                 "static_mps@25": _s(100, 1.0), "static_mps@50": _s(200, 1.0), "static_mps@75": _s(350, 0.98),
+                 "split_pool@50": _s(120, 1.0), "idle_only": _s(150, 1.0), "llmstation": _s(500, 0.9),
+                 "paper_rule": _s(600, 0.5)}
+    h = headline(summaries)
+    assert h["best_baseline"] == "static_mps@50" and h["ratio"] == pytest.approx(1.5)
+    assert h["share_sweep"]["static_mps"] == {"largest_share_at_100pct_slo": 50, "tried": [25, 50, 75]}
+    assert h["share_sweep"]["split_pool"]["largest_share_at_100pct_slo"] == 50
+    summaries["static_mps@25"]["slo_attainment"] = summaries["static_mps@50"]["slo_attainment"] = 0.99
+    summaries["split_pool@50"]["slo_attainment"] = 0.99
+    h = headline(summaries)
+    assert h["best_baseline"] == "idle_only" and h["ratio"] == pytest.approx(2.0)
+    assert h["share_sweep"]["static_mps"]["largest_share_at_100pct_slo"] is None
+    summaries["idle_only"]["slo_attainment"] = 0.5
+    assert headline(summaries)["ratio"] is None  # nothing to beat: no baseline an operator could run
+    zero = {"deltaserve": _s(0, 1.0), "static_mps": _s(0, 1.0)}
+    assert headline(zero)["ratio"] is None  # 0 / 0 is no result
+    zero["deltaserve"] = _s(5, 1.0)
+    assert headline(zero)["ratio"] == math.inf
+
+
+def test_goals_use_the_regime_target() -> None:
+    from deltaserve_core.bench.runner import _goals
+
+    summaries = {"deltaserve": {**_s(300, 1.0), "harvest": 0.75}, "static_mps@50": _s(250, 1.0),
+                 "idle_only": _s(310, 1.0)}
+    tight = _goals(summaries, "tight")
+    assert tight["ft_vs_best_baseline_ge_1.5x"]["met"] is False  # 300 / 310 (idle_only is the best)
+    assert tight["ft_vs_best_baseline_ge_1.5x"]["baseline"] == "idle_only"
+    assert tight["ft_ge_idle_only"]["met"] is False and tight["harvest_ge_0.7"]["met"] is True
+    summaries["idle_only"] = _s(100, 1.0)
+    assert _goals(summaries, "paper")["ft_vs_best_baseline_ge_1.0x"]["met"] is True  # 300 / 250
+
+
+def test_tight_slo_from_the_bare_hosts_inference_steps() -> None:
+    from deltaserve_core.bench.metrics import tight_slo
+
+    steps = [StepSample(i * 0.1, 0.001 * (i + 1), True, 0, "eager") for i in range(100)]  # 1..100 ms
+    steps.append(StepSample(20.0, 5.0, False, 512, "eager"))  # no inference: not the engine's own step time
+    ttft, tpot, why = tight_slo(steps)
+    p99 = percentile([0.001 * (i + 1) for i in range(100)], 99)
+    assert tpot == pytest.approx(1.25 * p99) and ttft == pytest.approx(tpot * 10 / 3)
+    assert why["bare_steps"] == 100 and why["bare_p99_step_s"] == pytest.approx(p99)
+    with pytest.raises(ValueError, match="bare"):
+        tight_slo([StepSample(0.0, 1.0, False, 10, "eager")])
+
+
+def test_regimes_and_system_instances() -> None:
+    from deltaserve_core.bench.runner import BenchConfig, expand_systems, regime_slo
+
+    paper = regime_slo("paper", BenchConfig(), None)
+    assert paper[:2] == (0.4, 0.12)
+    assert regime_slo("paper", BenchConfig(tpot_s=0.05), None)[:2] == (0.4, 0.05)
+    assert regime_slo("auto", BenchConfig(ttft_s=1.0, tpot_s=0.3), None)[:2] == (1.0, 0.3)
+    steps = [StepSample(0.0, 0.01, True, 0, "eager")] * 10
+    assert regime_slo("tight", BenchConfig(ttft_s=9.0, tpot_s=9.0), None, steps)[1] == pytest.approx(0.0125)
+    with pytest.raises(ValueError, match="bare"):
+        BenchConfig(systems=("deltaserve",), slo_regimes=("tight",))
+    cpu = BenchConfig(systems=("deltaserve", "static_mps", "bare"), static_shares=(25, 50, 75))
+    assert cpu.instances == ("bare", "static_mps", "deltaserve")  # no MPS on CPU: one all-cores trainer
+    gpu = BenchConfig(device="cuda", systems=("bare", "static_mps", "idle_only"), static_shares=(25, 75))
+    assert expand_systems(gpu) == ("bare", "static_mps@25", "static_mps@75", "idle_only")
+    with pytest.raises(ValueError, match="split_pool on one GPU"):
+        BenchConfig(device="cuda", systems=("split_pool",))
+    assert BenchConfig(device="cuda", systems=("split_pool",), split_ft_device="cuda:1").instances == ("split_pool",)
+    with pytest.raises(ValueError, match="only static_mps and split_pool"):
+        BenchConfig(systems=("deltaserve@50",))
+
+
+def test_step_recorder_writes_each_steps_reason() -> None:
+    from deltaserve_core.bench.runner import _StepRecorder
+
+    reasons = {1: "admitted", 2: "install_pending", 3: "no_slack"}
+    asked: list[int] = []
+
+    def reason(step_id: int) -> str | None:
+        asked.append(step_id)
+        return reasons.pop(step_id, None)
+
+    rec = _StepRecorder(0.0, reasons=reason)
+    rec(StepRecord(1, 1.0, 0.1, ExecutionMode.EAGER, num_decode=4, finetune_sample_ids=(7,), finetune_lengths=(9,)))
+    rec(StepRecord(2, 1.2, 0.1, ExecutionMode.EAGER, num_decode=4))
+    rec(StepRecord(3, 1.4, 0.1, ExecutionMode.EAGER, synthetic=True))  # not kept, but its reason is consumed
+    rec(StepRecord(4, 1.6, 0.1, ExecutionMode.EAGER, num_decode=4))  # the co-server gave none
+    assert [s.reason for s in rec.steps] == ["admitted", "install_pending", ""]
+    assert asked == [1, 2, 3, 4] and not reasons
+    assert step_row("deltaserve", rec.steps[1])["ft_reason"] == "install_pending"

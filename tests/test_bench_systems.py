@@ -3,12 +3,13 @@ policies leave their fingerprints in where fine-tuning rows went. Plus a CLI smo
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
 
-from deltaserve_core.bench import SYSTEMS
+from deltaserve_core.bench import SYSTEMS, family
 from deltaserve_core.bench.lengths import LengthTable
 from deltaserve_core.bench.runner import BenchConfig, run_bench
 from deltaserve_core.latency_model import (
@@ -52,7 +53,8 @@ def bench_result(tiny_model: Path, dataset: Path, trace_file: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> dict:
     # One run shared by the tests below: each system spawns its own backward (or trainer) process, which is most
     # of the time; the tests only read different parts of the same result.
-    cfg = BenchConfig(host="reference", model=str(tiny_model), trace=str(trace_file), duration_s=None,
+    # scale 1: the file's own pace (auto would compress its 7 arrivals to the fixed model's large capacity)
+    cfg = BenchConfig(host="reference", model=str(tiny_model), trace=str(trace_file), duration_s=None, scale=1.0,
                       ttft_s=5.0, tpot_s=2.0, dataset=str(dataset), ft_max_length=64, buffer_tokens=512,
                       backward_batch_tokens=96, dedicated_s=1.5, out_dir=str(tmp_path_factory.mktemp("bench-out")),
                       stem="t", progress=False)
@@ -62,7 +64,8 @@ def bench_result(tiny_model: Path, dataset: Path, trace_file: Path,
 @pytest.mark.slow
 def test_every_system_serves_the_same_arrivals(bench_result: dict) -> None:
     s = bench_result["systems"]
-    assert list(s) == list(SYSTEMS)
+    assert list(s) == bench_result["instances"]
+    assert {family(n) for n in s} == set(SYSTEMS)
     for name, row in s.items():
         assert row["requests"] == 7, name
         assert row["inference_tokens_per_s"] > 0, name
@@ -79,19 +82,37 @@ def test_each_policy_leaves_its_fingerprint(bench_result: dict) -> None:
     ls = s["llmstation"]
     assert ls["ft_forward_tokens_alone"] == 0 and ls["ft_forward_tokens_with_prefill"] == 0
     assert s["no_interrupt"]["aborted_samples"] == 0
-    assert s["split_pool"]["optimizer_steps"] > 0 and s["split_pool"]["finetune_tokens"] > 0
+    for name in (n for n in s if family(n) in ("static_mps", "split_pool")):
+        assert s[name]["optimizer_steps"] > 0 and s[name]["finetune_tokens"] > 0, name
+    assert s["static_mps"]["finetune_cores"] is None and s["static_mps"]["engine_capped"] is False
+    split = next(n for n in s if family(n) == "split_pool")
+    assert s[split]["engine_capped"] is True or s[split]["shared_cores"]
+    # every refusal to admit is counted by reason, and the counts cover every step the co-server decided
+    reasons = s["deltaserve"]["admission_reasons"]
+    assert reasons and all(v > 0 for v in reasons.values())
+    assert "host_work_forced" in s["deltaserve"] and "host_work_max_wait_s" in s["deltaserve"]
 
 
 @pytest.mark.slow
 def test_harvest_inputs_and_files(bench_result: dict) -> None:
     result = bench_result
-    assert result["dedicated"]["finetune_tokens_per_s"] > 0
-    assert result["dedicated"]["backward_threads"] >= 1
+    assert result["trainer_alone"]["finetune_tokens_per_s"] > 0  # the harvest denominator
+    assert result["deltaserve_idle_rate"]["backward_threads"] >= 1  # the diagnostic beside it
+    assert result["systems"]["deltaserve"]["deltaserve_idle_rate"] > 0
     assert 0 < result["bare_idle_fraction"] <= 1
+    ds = result["systems"]["deltaserve"]
+    assert ds["harvest"] == pytest.approx(ds["finetune_tokens_per_s"] / (
+        result["trainer_alone"]["finetune_tokens_per_s"] * result["bare_idle_fraction"]))
+    assert "ratio" in result["headline"]["auto"]
     for key in ("json", "summary_csv", "requests_csv", "steps_csv", "png"):
         assert Path(result["files"][key]).is_file(), key
     saved = json.loads(Path(result["files"]["json"]).read_text())
-    assert saved["trace"]["requests"] == 7 and set(saved["timelines"]) == set(SYSTEMS)
+    assert saved["trace"]["requests"] == 7 and list(saved["timelines"]) == result["instances"]
+    with open(result["files"]["steps_csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    ds_reasons = {r["ft_reason"] for r in rows if r["system"] == "deltaserve"}
+    assert ds_reasons - {""}, "the co-served steps carry admission's reason"
+    assert {r["ft_reason"] for r in rows if r["system"] == "bare"} == {""}
 
 
 def test_auto_slo_is_tight_relative_to_the_worst_step() -> None:

@@ -1,31 +1,65 @@
 #!/usr/bin/env bash
 # `deltaserve bench` on one H200 with CUDA vLLM 0.26.0 and a Llama-3-8B-shaped model with random bf16 weights (no
 # checkpoint is reachable there; random weights run at the speed of real ones -- say so wherever these figures go).
-# Writes benchmarks/results/bench/bench_vllm_llama8b-shape_<trace>.{json,csv,png}.
+# One call runs every trace in TRACES, one after the other on the same machine (same model, same MPS daemon; the
+# second run reuses the first one's calibration profile), each writing $OUT/<NAME prefix>_<trace>.{json,csv,png,log}.
 #
 # Prerequisites:
-#   here:  bash benchmarks/gpu/prepare_bench_h200.sh          (makes .whl/x: tokenizer, lengths.csv, Alpaca set)
-#          and the vLLM wheels as in ../shared/tools/vllm-gpu/README.md (.whl/p1..p5: each part travels with the working tree under the 64 MiB limit; p1..p4 in short calls)
+#   here:  bash benchmarks/gpu/prepare_bench_h200.sh          (makes .whl/x: tokenizer, lengths.csv, Alpaca set, and
+#          the Mooncake conversation trace)
+#          and the vLLM wheels as in ../shared/tools/vllm-gpu/README.md (.whl/p1..p5: each part travels with the working
+#          tree under the 64 MiB limit; p1..p4 in short calls)
 #   there: last call with carry=[".whl/p5", ".whl/x"]:
 #          source .whl/p5/device-install.sh && bash benchmarks/gpu/bench_h200.sh
-# Budget: ~8 min on a fresh machine (vLLM's first start compiles Triton kernels ~90 s; building the 16 GB model ~1 min;
-# calibration ~1 min; 6 systems x (20 s trace + ~15 s start-up)). TRACE, DURATION, T_BENCH override the defaults.
 #
-# Systems as on CPU. The split pool runs its trainer under MPS at SPLIT_MPS % of the SMs (the MPS daemon is started
-# here, before any CUDA context, so vLLM, the backward process and the trainer are all MPS clients -- DeltaServe's own
-# backward runs under MPS by design). vLLM gets GPU_UTIL of the memory so the backward process (which shares the base
-# weights through CUDA IPC) and the split-pool trainer (its own 16 GB copy) fit beside it.
+# Knobs (environment):
+#   TRACES         space-separated: burst-light, burst-dense, production, or trace files (default: "burst-light
+#                  $X/conversation_trace.jsonl" -- burst-light and a Mooncake window in one call). TRACE=... (one
+#                  trace) is still honoured.
+#   SYSTEMS        comma list (default bare,deltaserve,static_mps; add idle_only,llmstation,paper_rule,no_interrupt
+#                  when the budget allows: each co-server costs ~2 x (15-20 s start-up + the window)). split_pool is refused on one GPU (the in-process engine cannot be capped;
+#                  docs/benchmarks.md).
+#   STATIC_SHARES  MPS shares (%) of the static_mps trainer, one system per share (default 25,50,75).
+#   SLO_REGIMES    paper,tight (default): every co-served system runs once per regime; the trainer baselines run once
+#                  and are judged under both. tight is derived from the bare run of the same trace.
+#   DURATION       seconds of a generated trace (default 10); FILE_DURATION seconds of a trace file's window (default
+#                  12), TRACE_START where the window starts in file seconds (default 600), FILE_LOAD the window's mean
+#                  rate as a fraction of the host's capacity (default 0.575: 55-60 %).
+#   DEDICATED      seconds of the packed PEFT trainer alone, the harvest denominator (default 6).
+#   BUDGET         seconds for the bench part of the call (default 480; the model build before it takes ~1 min). Every
+#                  trace but the last may use what is left less RESERVE (default 200) s per trace still to come.
+#                  A run cut by its limit writes no results (the bench writes its files at the end).
+# Budget estimate from the earlier H200 runs' phase times (these defaults have NOT been timed on the device yet):
+# first trace ~5 min (vLLM start with kernel compilation ~1.5 min, calibration ~1 min, trainer alone ~15 s, then bare,
+# 3 static shares and deltaserve under 2 regimes at ~15 s of start-up plus the window each), the second ~3.5 min
+# (compile cache and calibration profile reused): about 9.5 min with the model build, at the edge of one call. If it
+# overruns, drop a share (STATIC_SHARES=25,75) or a regime (SLO_REGIMES=tight). The full matrix (idle_only,
+# llmstation, paper_rule, a 2-minute window, burst-dense, production) takes several calls (SYSTEMS / TRACES /
+# FILE_DURATION).
+#
+# MPS: the daemon is started here, before any CUDA context, so vLLM, the backward process and the trainers are all MPS
+# clients (DeltaServe's backward runs under MPS by design; static_mps caps only its trainer, the trainer alone runs
+# uncapped). vLLM gets GPU_UTIL of the memory so the backward process (which shares the base weights through CUDA IPC)
+# and a trainer (its own 16 GB copy) fit beside it.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/bench}
-TRACE=${TRACE:-burst-light}
-DURATION=${DURATION:-20}
-SPLIT_MPS=${SPLIT_MPS:-25}
+X=${X:-.whl/x}
+TRACES=${TRACES:-${TRACE:-burst-light $X/conversation_trace.jsonl}}
+SYSTEMS=${SYSTEMS:-bare,deltaserve,static_mps}
+STATIC_SHARES=${STATIC_SHARES:-25,50,75}
+SLO_REGIMES=${SLO_REGIMES:-paper,tight}
+DURATION=${DURATION:-10}
+FILE_DURATION=${FILE_DURATION:-12}
+TRACE_START=${TRACE_START:-600}
+FILE_LOAD=${FILE_LOAD:-0.575}
+BUDGET=${BUDGET:-480}
+RESERVE=${RESERVE:-200}
 GPU_UTIL=${GPU_UTIL:-0.45}
 BWD_TOKENS=${BWD_TOKENS:-256}     # tokens per optimizer step, every fine-tuning system alike
 BUFFER=${BUFFER:-2048}            # activation buffer S_max
-NAME=${NAME:-bench_vllm_llama8b-shape_$TRACE}
+DEDICATED=${DEDICATED:-6}        # seconds of the packed PEFT trainer alone (the harvest denominator)
+PREFIX=${NAME:-bench_vllm_llama8b-shape}
 MODEL=${MODEL:-/tmp/llama8b-shape}
-X=${X:-.whl/x}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8 DELTASERVE_CACHE=${DELTASERVE_CACHE:-/tmp/dsc} VLLM_NO_USAGE_STATS=1
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
@@ -51,17 +85,36 @@ print(f"built {out} in {time.time() - t:.0f} s")
 PY
 fi
 
-# (2) MPS for the split pool (and the backward process)
+# (2) MPS for static_mps (and the backward process)
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d 2>/dev/null || echo "MPS daemon already running or unavailable"
 
-# (3) the benchmark: every system, same arrivals, one run. SLOs: the paper's A100 figures (400 ms / 120 ms).
-timeout ${T_BENCH:-560} deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
-  --trace "$TRACE" --duration "$DURATION" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
-  --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens 8192 --ttft 0.4 --tpot 0.12 \
-  --option gpu_memory_utilization=$GPU_UTIL --split-mps-percentage "$SPLIT_MPS" --dedicated 10 \
-  --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "${SYSTEMS:-all}" \
-  --out "$OUT" --name "$NAME" --no-progress 2>&1 \
-  | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/$NAME.log" | tail -30
+# (3) the benchmarks: per trace every system, same arrivals, one run. --ttft/--tpot are not passed: the paper regime
+# is 400 ms / 120 ms, the tight one derived from bare. Lengths: a trace file's own, clipped to 1024 / 256 tokens
+# (the JSON's trace.params counts the clipped requests); generated traces draw ShareGPT lengths.
+T_END=$(( $(date +%s) + BUDGET ))
+set -- $TRACES
+NLEFT=$#
+for TR in $TRACES; do
+  LEFT=$(( T_END - $(date +%s) ))
+  CAP=$(( LEFT - RESERVE * (NLEFT - 1) ))
+  NLEFT=$(( NLEFT - 1 ))
+  if [ "$CAP" -lt 60 ]; then echo "[bench_h200] budget spent, skipping $TR"; continue; fi
+  if [ -f "$TR" ]; then
+    TAG=$(basename "${TR%.*}")_w${TRACE_START}
+    EXTRA=(--trace-start "$TRACE_START" --duration "$FILE_DURATION" --load "$FILE_LOAD")
+  else
+    TAG=$TR
+    EXTRA=(--duration "$DURATION")
+  fi
+  echo "[bench_h200] $TR: up to ${CAP} of ${LEFT} s left"
+  timeout "$CAP" deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
+    --trace "$TR" "${EXTRA[@]}" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
+    --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens 8192 --slo-regime "$SLO_REGIMES" \
+    --option gpu_memory_utilization=$GPU_UTIL --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
+    --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "$SYSTEMS" \
+    --out "$OUT" --name "${PREFIX}_$TAG" --no-progress 2>&1 \
+    | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/${PREFIX}_$TAG.log" | tail -40
+done
 echo quit | nvidia-cuda-mps-control 2>/dev/null || true

@@ -12,10 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import family
+
 __all__ = ["plot_figure5", "shrink_png"]
 
 _COLORS = {"bare": "#7f7f7f", "deltaserve": "#d62728", "paper_rule": "#e377c2", "idle_only": "#ff7f0e", "no_interrupt": "#8c564b",
-           "llmstation": "#2ca02c", "split_pool": "#1f77b4"}
+           "llmstation": "#2ca02c", "split_pool": "#1f77b4", "static_mps": "#17becf"}
 
 
 def _rolling(xs: Sequence[float], k: int) -> list[float]:
@@ -42,7 +44,8 @@ def plot_figure5(result: Mapping[str, Any], runs: Mapping[str, Any], path: str |
         reqs = runs[name].requests
         s = result["systems"][name]
         ax0.scatter([r.arrival_s for r in reqs], [r.e2e_s for r in reqs], s=5, alpha=0.6,
-                    color=_COLORS.get(name), label=f"{name} (avg {s['mean_e2e_s']:.2f}s)")
+                    color=None if "@" in name else _COLORS.get(family(name)),
+                    label=f"{name} (avg {s['mean_e2e_s']:.2f}s)")
     ax0.set_xlabel("arrival time (s)")
     ax0.set_ylabel("end-to-end latency (s)")
     ax0.set_title(f"{result['trace']['name']}: per-request latency", fontsize=9)

@@ -1,4 +1,5 @@
-"""The split-pool baseline's fine-tuning side: a dedicated LoRA trainer in its own process on its own hardware share.
+"""A dedicated LoRA trainer in its own process: the fine-tuning side of the ``static_mps`` and ``split_pool``
+baselines, and, alone on the whole device, the rate honest harvest divides by.
 
 The paper's "vLLM + torchtune" baseline gives one of four GPUs to a trainer and the rest to inference. Here the
 share is:
@@ -77,6 +78,8 @@ class TrainerSpec:
     cores: frozenset[int] | None = None
     mps_percentage: int | None = None
     seed: int = 0
+    #: torch threads; None: one per core of ``cores`` (or 1). The trainer alone on a CPU host takes every core.
+    threads: int | None = None
 
 
 def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
@@ -84,7 +87,10 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
         os.sched_setaffinity(0, spec.cores)
     if spec.mps_percentage is not None:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(spec.mps_percentage)
-    os.environ["OMP_NUM_THREADS"] = str(len(spec.cores) if spec.cores else 1)
+    else:  # uncapped means uncapped, whatever the launching shell exported
+        os.environ.pop("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", None)
+    threads = spec.threads or (len(spec.cores) if spec.cores else 1)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -92,7 +98,7 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
     from ..lora_backward import packed_peft_step
     from ..types import FineTuneSample
 
-    torch.set_num_threads(len(spec.cores) if spec.cores else 1)
+    torch.set_num_threads(threads)
     torch.manual_seed(spec.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec.dtype]
     base = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype).to(spec.device)

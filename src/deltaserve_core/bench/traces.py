@@ -16,12 +16,14 @@ Shapes (paper §4.1, Figure 4; the exact curves are not published, so these para
 Scaling: ``scale`` multiplies every rate (the paper scales the same patterns down "proportionally ... to match the
 capacity of one GPU"); :func:`capacity_scale` derives it from a host's measured capacity. ``time_scale`` < 1
 compresses time (a 20-min trace in 2 min keeps its relative structure; bursts get shorter too). ``duration_s``
-truncates. Files: :meth:`Trace.save` / :func:`load_trace` (CSV or JSONL with ``timestamp`` and optional
-``prompt_tokens``/``output_tokens``), so any recorded trace can be replayed.
+truncates. Files: :meth:`Trace.save` / :func:`read_trace_file` (CSV or JSONL under the column names public traces
+use: Mooncake, Azure LLM inference, or mapped explicitly), validated before any host starts, then windowed and
+time-scaled by :func:`window_trace` (:func:`auto_file_factor` maps a window's mean rate to a target).
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -41,15 +43,23 @@ __all__ = [
     "BURST_LIGHT",
     "PRODUCTION",
     "REFERENCE_PEAK_RPS",
+    "OUTPUT_COLUMNS",
+    "PROMPT_COLUMNS",
+    "TIME_COLUMNS",
     "TRACE_NAMES",
     "BurstShape",
     "ProductionShape",
     "Trace",
+    "TraceFile",
     "TraceRequest",
+    "auto_file_factor",
     "capacity_scale",
     "generate_trace",
     "load_trace",
+    "parse_trace_columns",
     "rate_curve",
+    "read_trace_file",
+    "window_trace",
 ]
 
 _DT = 0.1  # seconds per rate-grid cell
@@ -277,50 +287,308 @@ def generate_trace(name: str, lengths: LengthTable, *, seed: int = 0, scale: flo
     return Trace(name, tuple(reqs), float(total), info)
 
 
+# ------------------------------------------------------------------------------------------- trace files
+
+#: Column names public traces use, matched case-insensitively (first found wins). Mooncake: ``timestamp``,
+#: ``input_length``, ``output_length``; Azure LLM inference traces: ``TIMESTAMP``, ``ContextTokens``,
+#: ``GeneratedTokens``; Splitwise/vLLM-style files: ``arrival_time``, ``num_prefill_tokens``, ``num_decode_tokens``.
+TIME_COLUMNS = ("timestamp", "arrival_time", "arrival_timestamp", "time", "t", "ts", "timestamp_ms", "timestamp_us",
+                "timestamp_s", "time_ms", "time_us", "time_s")
+PROMPT_COLUMNS = ("input_length", "prompt_tokens", "contexttokens", "context_tokens", "num_prefill_tokens",
+                  "input_tokens", "prompt_length", "prompt_len", "num_prompt_tokens", "request_tokens")
+OUTPUT_COLUMNS = ("output_length", "output_tokens", "generatedtokens", "generated_tokens", "num_decode_tokens",
+                  "response_length", "output_len", "completion_tokens", "response_tokens")
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+_MAX_LISTED_BAD = 20
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """A validated trace file: arrivals in seconds from its first row, sorted, with the file's own lengths (None
+    where the file has no length column), and ``report`` (columns used, time unit and why, bad rows)."""
+
+    path: str
+    times_s: tuple[float, ...]
+    prompts: tuple[int, ...] | None
+    outputs: tuple[int, ...] | None
+    report: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.times_s)
+
+    @property
+    def has_lengths(self) -> bool:
+        return self.prompts is not None and self.outputs is not None
+
+    def lengths(self, max_prompt: int | None = None, max_output: int | None = None) -> LengthTable:
+        """The file's own (prompt, output) pairs, clipped: the sample the host's capacity is estimated from."""
+        if not self.has_lengths:
+            raise ValueError(f"trace file {self.path} has no length columns")
+        assert self.prompts is not None and self.outputs is not None
+        return LengthTable(tuple((min(p, max_prompt or p), min(o, max_output or o))
+                                 for p, o in zip(self.prompts, self.outputs)), f"file:{self.path}")
+
+    def index_at(self, t_s: float) -> int:
+        """First row at or after ``t_s`` seconds from the file's start."""
+        return bisect.bisect_left(self.times_s, t_s)
+
+
+def parse_trace_columns(spec: str | None) -> dict[str, str]:
+    """``time=COL,prompt=COL,output=COL`` (any subset) -> {role: column}."""
+    out: dict[str, str] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        role, sep, col = part.partition("=")
+        role = role.strip()
+        if not sep or role not in ("time", "prompt", "output") or not col.strip():
+            raise ValueError(f"--trace-columns {spec!r}: expected time=COL,prompt=COL,output=COL (any of them)")
+        out[role] = col.strip()
+    return out
+
+
+def _pick(names: Sequence[str], wanted: str | None, known: Sequence[str], role: str, path: Path) -> str | None:
+    if wanted is not None:
+        for n in names:
+            if n == wanted or n.lower() == wanted.lower():
+                return n
+        raise ValueError(f"trace file {path}: no column {wanted!r} for {role} (columns: {', '.join(names)})")
+    lower = {n.lower(): n for n in names}
+    for k in known:
+        if k in lower:
+            return lower[k]
+    return None
+
+
+def _time_unit(column: str, names: Sequence[str], values: Sequence[float], given: str | None) -> tuple[float, str]:
+    """Seconds per unit of a numeric time column, and the rule that decided it (see docs/benchmarks.md)."""
+    if given is not None:
+        if given not in _UNITS:
+            raise ValueError(f"--trace-time-unit {given!r}: choose s, ms or us")
+        return _UNITS[given], f"{given} (given)"
+    low = column.lower()
+    for suffix in ("_ms", "_us", "_s"):
+        if low.endswith(suffix):
+            return _UNITS[suffix[1:]], f"{suffix[1:]} (column name {column!r})"
+    lower = {n.lower() for n in names}
+    if low == "timestamp" and {"input_length", "output_length"} <= lower:
+        return 1e-3, "ms (Mooncake layout: timestamp with input_length/output_length)"
+    # absolute epoch times: seconds are ~1.7e9 today, milliseconds ~1.7e12, microseconds ~1.7e15
+    lo = min(values)
+    if lo > 1e14:
+        return 1e-6, "us (epoch magnitude)"
+    if lo > 1e11:
+        return 1e-3, "ms (epoch magnitude)"
+    return 1.0, "s (default)"
+
+
+def _positive_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v > 0 else None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f == int(f) and f > 0 else None
+
+
+def read_trace_file(path: str | os.PathLike[str], *, columns: dict[str, str] | None = None,
+                    time_unit: str | None = None, skip_bad: bool = False) -> TraceFile:
+    """Read and validate a CSV (``.csv``; a header row) or JSON-lines trace file, without a host.
+
+    Time: numbers (unit from ``time_unit`` or :func:`_time_unit`'s rule) or ISO 8601 date-times (Azure's
+    ``2023-11-16 18:15:46.6805900``; naive and zoned ones are not mixed); shifted so the earliest row is 0 and
+    sorted. Lengths must be positive integers where their column exists. A row that fails (bad JSON, missing or
+    unparsable time, bad length) is counted with its line number; any such row raises unless ``skip_bad``, so a
+    broken file is refused before minutes of host start-up and calibration are spent on it."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file {p} does not exist (or is not a file)")
+    columns = dict(columns or {})
+    raw: list[tuple[int, dict[str, Any]]] = []
+    bad: list[tuple[int, str]] = []
+    unparsed = 0  # lines that are not a JSON object: rows of the file, but not in ``raw``
+    if p.suffix.lower() == ".csv":
+        with open(p, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            names = [n for n in (reader.fieldnames or []) if n is not None]
+            for row in reader:
+                raw.append((reader.line_num, row))
+    else:
+        names_seen: dict[str, None] = {}
+        with open(p, encoding="utf-8") as fh:
+            for ln, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    bad.append((ln, f"not JSON ({exc.msg})"))
+                    unparsed += 1
+                    continue
+                if not isinstance(obj, dict):
+                    bad.append((ln, "not a JSON object"))
+                    unparsed += 1
+                    continue
+                for k in obj:
+                    names_seen.setdefault(k, None)
+                raw.append((ln, obj))
+        names = list(names_seen)
+    if not raw and not bad:
+        raise ValueError(f"trace file {p} has no rows")
+    tcol = _pick(names, columns.get("time"), TIME_COLUMNS, "time", p)
+    if tcol is None:
+        raise ValueError(f"trace file {p}: no time column (recognised: {', '.join(TIME_COLUMNS)}; or map one with "
+                         f"--trace-columns time=COL); columns: {', '.join(names)}")
+    pcol = _pick(names, columns.get("prompt"), PROMPT_COLUMNS, "prompt", p)
+    ocol = _pick(names, columns.get("output"), OUTPUT_COLUMNS, "output", p)
+    if (pcol is None) != (ocol is None):
+        raise ValueError(f"trace file {p}: found a {'prompt' if pcol else 'output'} length column but not the other "
+                         "(map both with --trace-columns prompt=COL,output=COL)")
+
+    from datetime import datetime
+
+    times: list[tuple[float, int, int | None, int | None]] = []  # (raw time, line, prompt, output)
+    kind: str | None = None  # "number" or "datetime", fixed by the first good row
+    zoned: bool | None = None
+    for ln, row in raw:
+        v = row.get(tcol)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            bad.append((ln, f"no {tcol}"))
+            continue
+        t: float | None = None
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            t, k = float(v), "number"
+        else:
+            try:
+                t, k = float(str(v).strip()), "number"
+            except ValueError:
+                try:
+                    dt = datetime.fromisoformat(str(v).strip().replace("Z", "+00:00"))
+                except ValueError:
+                    bad.append((ln, f"{tcol}={v!r} is neither a number nor an ISO date-time"))
+                    continue
+                if zoned is None:
+                    zoned = dt.tzinfo is not None
+                if (dt.tzinfo is not None) != zoned:
+                    bad.append((ln, f"{tcol}={v!r} mixes zoned and naive date-times"))
+                    continue
+                t, k = dt.timestamp(), "datetime"
+        if not math.isfinite(t):
+            bad.append((ln, f"{tcol}={v!r} is not finite"))
+            continue
+        if kind is None:
+            kind = k
+        elif k != kind:
+            bad.append((ln, f"{tcol}={v!r}: a {k} among {kind} timestamps"))
+            continue
+        pt = ot = None
+        if pcol is not None and ocol is not None:
+            pt, ot = _positive_int(row.get(pcol)), _positive_int(row.get(ocol))
+            if pt is None or ot is None:
+                bad.append((ln, f"lengths {pcol}={row.get(pcol)!r}, {ocol}={row.get(ocol)!r} are not positive "
+                                "integers"))
+                continue
+        times.append((t, ln, pt, ot))
+    bad.sort()
+    report: dict[str, Any] = {"path": str(p), "rows": len(raw) + unparsed,
+                              "usable_rows": len(times), "bad_rows": len(bad),
+                              "bad_lines": [ln for ln, _ in bad[:_MAX_LISTED_BAD]],
+                              "columns": {"time": tcol, "prompt": pcol, "output": ocol}}
+    if bad and not skip_bad:
+        listed = "; ".join(f"line {ln}: {why}" for ln, why in bad[:5])
+        raise ValueError(f"trace file {p}: {len(bad)} bad row(s) ({listed}{'; ...' if len(bad) > 5 else ''}); fix "
+                         "them or pass --trace-skip-bad to drop them")
+    if not times:
+        raise ValueError(f"trace file {p}: no usable rows ({len(bad)} bad)")
+    if kind == "datetime":
+        scale, why = 1.0, "ISO date-times"
+    else:
+        scale, why = _time_unit(tcol, names, [t for t, *_ in times], time_unit)
+    report["time_unit"] = why
+    report["sorted_in_file"] = all(a[0] <= b[0] for a, b in zip(times, times[1:]))
+    times.sort(key=lambda x: (x[0], x[1]))
+    t0 = times[0][0]
+    ts = tuple((t - t0) * scale for t, *_ in times)
+    report["span_s"] = ts[-1]
+    has = pcol is not None
+    return TraceFile(str(p), ts, tuple(x[2] for x in times) if has else None,  # type: ignore[misc]
+                     tuple(x[3] for x in times) if has else None, report)  # type: ignore[misc]
+
+
+def auto_file_factor(tf: TraceFile, *, start_s: float, duration_s: float | None, target_rps: float) -> float:
+    """Replay seconds per file second such that the replayed window's *mean* arrival rate is ``target_rps``.
+
+    The window starts at ``start_s`` (file seconds) and holds round(target x duration) rows (or every row from
+    there when ``duration_s`` is None or the file runs out): its span in file time fixes the factor. The mean, not
+    the peak: a real trace's 1-s peaks are Poisson noise on a few requests, and load x capacity is a sustained
+    rate the host can serve."""
+    if not target_rps > 0:
+        raise ValueError(f"target rate must be > 0, got {target_rps}")
+    i0 = tf.index_at(start_s)
+    rest = len(tf) - i0
+    if rest < 2:
+        raise ValueError(f"trace file {tf.path}: fewer than 2 arrivals after --trace-start {start_s} s")
+    n = rest if duration_s is None else min(rest, max(2, round(target_rps * duration_s)))
+    # up to the first arrival left out; when the file runs out first, its last arrival (the replay then ends early)
+    span = (tf.times_s[i0 + n] if n < rest else tf.times_s[-1]) - start_s
+    if span <= 0:
+        raise ValueError(f"trace file {tf.path}: the window after {start_s} s has no time extent")
+    return (n / target_rps) / span
+
+
+def window_trace(tf: TraceFile, *, factor: float, start_s: float = 0.0, duration_s: float | None = None,
+                 lengths: LengthTable | None = None, seed: int = 0, max_prompt: int | None = None,
+                 max_output: int | None = None, name: str | None = None) -> Trace:
+    """The replayed trace: rows from ``start_s`` (file seconds), at ``factor`` replay seconds per file second,
+    truncated at ``duration_s`` replay seconds; the file's own lengths clipped to ``max_prompt``/``max_output``
+    (counted in ``params``), or drawn from ``lengths`` when the file has none."""
+    if not factor > 0:
+        raise ValueError(f"time factor must be > 0, got {factor}")
+    if not tf.has_lengths and lengths is None:
+        raise ValueError(f"trace file {tf.path} lacks prompt/output lengths; give a length source")
+    lrng = random.Random(seed * 1_000_003 + 7)
+    reqs: list[TraceRequest] = []
+    clipped_p = clipped_o = 0
+    for i in range(tf.index_at(start_s), len(tf)):
+        t = (tf.times_s[i] - start_s) * factor
+        if duration_s is not None and t >= duration_s:
+            break
+        if tf.prompts is not None and tf.outputs is not None:
+            pt, ot = tf.prompts[i], tf.outputs[i]
+        else:
+            assert lengths is not None
+            pt, ot = lengths.sample(lrng)
+        if max_prompt is not None and pt > max_prompt:
+            pt, clipped_p = max_prompt, clipped_p + 1
+        if max_output is not None and ot > max_output:
+            ot, clipped_o = max_output, clipped_o + 1
+        reqs.append(TraceRequest(t, max(pt, 1), max(ot, 1)))
+    if not reqs:
+        raise ValueError(f"trace file {tf.path}: no arrival in the window from {start_s} s")
+    total = duration_s if duration_s is not None else reqs[-1].t
+    params = {"generator": "file", **tf.report, "trace_start_s": start_s, "time_factor": factor,
+              "file_window_s": total / factor, "duration_s": duration_s,
+              "lengths": "file" if tf.has_lengths else (lengths.source if lengths else None),
+              "max_prompt": max_prompt, "max_output": max_output,
+              "prompts_clipped": clipped_p, "outputs_clipped": clipped_o}
+    return Trace(name or Path(tf.path).stem, tuple(reqs), float(total), params)
+
+
 def load_trace(path: str | os.PathLike[str], lengths: LengthTable | None = None, *, seed: int = 0,
                scale: float = 1.0, duration_s: float | None = None, max_prompt: int | None = None,
-               max_output: int | None = None) -> Trace:
-    """Replay a recorded trace: CSV or JSONL rows with ``timestamp`` (seconds; absolute ones are shifted to
-    start at 0; also accepted: ``arrival_time``, ``t``) and optionally ``prompt_tokens``/``output_tokens``
-    (drawn from ``lengths`` where missing). ``scale`` > 1 replays faster (timestamps divided by it)."""
-    p = Path(path)
-    if p.suffix == ".csv":
-        with open(p, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
-    else:
-        rows = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not rows:
-        raise ValueError(f"trace file {p} has no rows")
-
-    def when(r: dict[str, Any]) -> float:
-        for k in ("timestamp", "arrival_time", "t"):
-            if k in r and r[k] not in (None, ""):
-                return float(r[k])
-        raise ValueError(f"trace file {p}: row {r} has no timestamp column (timestamp, arrival_time or t)")
-
-    rows.sort(key=when)
-    t0 = when(rows[0])
-    lrng = random.Random(seed * 1_000_003 + 7)
-    reqs = []
-    for r in rows:
-        pt, ot = r.get("prompt_tokens"), r.get("output_tokens")
-        if pt in (None, "") or ot in (None, ""):
-            if lengths is None:
-                raise ValueError(f"trace file {p} lacks prompt_tokens/output_tokens; give a length source")
-            sp, so = lengths.sample(lrng)
-            pt = sp if pt in (None, "") else pt
-            ot = so if ot in (None, "") else ot
-        pt, ot = int(pt), int(ot)
-        if max_prompt is not None:
-            pt = min(pt, max_prompt)
-        if max_output is not None:
-            ot = min(ot, max_output)
-        reqs.append(TraceRequest((when(r) - t0) / scale, max(pt, 1), max(ot, 1)))
-    if duration_s is not None:
-        reqs = [r for r in reqs if r.t < duration_s]
-    total = duration_s if duration_s is not None else (reqs[-1].t if reqs else 0.0)
-    return Trace(p.stem, tuple(reqs), float(total), {"generator": "file", "path": str(p), "scale": scale,
-                                                     "duration_s": duration_s})
+               max_output: int | None = None, columns: dict[str, str] | None = None, time_unit: str | None = None,
+               start_s: float = 0.0, time_scale: float = 1.0, skip_bad: bool = False) -> Trace:
+    """Replay a recorded trace (:func:`read_trace_file`) at ``scale`` x its own rate, time compressed by
+    ``time_scale`` (both divide the gaps), from ``start_s`` file seconds, truncated at ``duration_s``."""
+    if not scale > 0 or not time_scale > 0:
+        raise ValueError(f"scale and time_scale must be > 0, got {scale} and {time_scale}")
+    tf = read_trace_file(path, columns=columns, time_unit=time_unit, skip_bad=skip_bad)
+    tr = window_trace(tf, factor=time_scale / scale, start_s=start_s, duration_s=duration_s, lengths=lengths,
+                      seed=seed, max_prompt=max_prompt, max_output=max_output)
+    return Trace(tr.name, tr.requests, tr.duration_s, {**tr.params, "scale": scale, "time_scale": time_scale})
 
 
 def capacity_scale(capacity_rps: float, load: float = 0.8, reference_peak_rps: float = REFERENCE_PEAK_RPS) -> float:
