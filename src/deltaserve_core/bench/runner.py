@@ -473,9 +473,15 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
             max_pos = int(getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", 2048))
             install_calibration_adapter(host, seed=cfg.seed)
             t0 = time.monotonic()
+            # A fine-tuning step is admitted no larger than calibration measured (CoServer caps it there), and the
+            # sweep's fine-tuning shapes stop at max_prefill_tokens: on a GPU sweep the whole token budget (the
+            # 1024-token cut, kept on CPU for the sweep's time, had held H200 fine-tuning steps to 1024 tokens).
+            sweep_tokens = min(cfg.max_batch_tokens, max_pos // 2)
+            if cfg.device == "cpu":
+                sweep_tokens = min(sweep_tokens, 1024)
             profile = load_or_calibrate(
                 host, ProfileStore(cache_dir() / "profiles-bench"), progress=cfg.progress,
-                max_prefill_tokens=min(cfg.max_batch_tokens, 1024, max_pos // 2),
+                max_prefill_tokens=sweep_tokens,
                 max_decode_batch=cfg.max_running_requests,
                 max_kv=min(cfg.max_running_requests * (cfg.max_prompt + cfg.max_output), max_pos - 64),
                 max_ft_tokens=min(max(cfg.ft_max_length * 4, cfg.buffer_tokens), cfg.max_batch_tokens))
