@@ -8,17 +8,46 @@ adapter folder and loaded by PEFT, vLLM or SGLang without renaming.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-__all__ = ["LoraConfigSpec", "LoraAdapterState", "peft_key", "parse_peft_key", "fresh_lora_state"]
+__all__ = ["LoraConfigSpec", "LoraAdapterState", "NonFiniteAdapterError", "all_finite", "check_finite",
+           "nonfinite_names", "peft_key", "parse_peft_key", "fresh_lora_state"]
 
 _KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether every element of every tensor is finite (``None`` entries, e.g. absent gradients, are skipped).
+
+    One device sync for the lot, so the backward can afford it on every optimizer step."""
+    flags = [torch.isfinite(t).all() for t in tensors if t is not None and t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def nonfinite_names(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors holding a NaN or an infinity, sorted (for error messages; slower than
+    :func:`all_finite`)."""
+    return sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+
+
+class NonFiniteAdapterError(ValueError):
+    """An adapter (or optimizer state) holds NaN or infinite values, so it is neither checkpointed nor published."""
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise :class:`NonFiniteAdapterError` naming the tensors of ``what`` that are not finite."""
+    if all_finite(tensors.values()):
+        return
+    bad = nonfinite_names(tensors)
+    raise NonFiniteAdapterError(f"{what} holds non-finite values in {len(bad)} of {len(tensors)} tensors "
+                                f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); refusing to write it")
 
 
 def peft_key(layer: int, module: str, ab: str, layers_path: str = "model.layers") -> str:
@@ -44,9 +73,11 @@ class LoraConfigSpec:
     lora_dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.r <= 0:
-            raise ValueError(f"LoRA rank r must be positive, got {self.r}")
-        if self.lora_alpha <= 0:
+        if not isinstance(self.r, int) or isinstance(self.r, bool) or self.r <= 0:
+            raise ValueError(f"LoRA rank r must be a positive integer, got {self.r!r}")
+        if isinstance(self.target_modules, str):  # tuple("q_proj") would be six one-letter module names
+            raise ValueError(f"target_modules must be a sequence of module names, got the string {self.target_modules!r}")
+        if not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0:
             raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if not self.target_modules:
             raise ValueError("target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']")
