@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from .adapter_state import LoraConfigSpec
+from .lora_spec import LoraConfigSpec
 
 __all__ = ["JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "job_config_from_mapping",
            "load_job_config"]
@@ -103,7 +103,7 @@ class JobConfig:
         need(isinstance(self.dataset, str) and bool(self.dataset), "dataset",
              "is required: the path of an Alpaca or ShareGPT .json/.jsonl file")
         need(isinstance(self.adapter_name, str) and bool(_ADAPTER_NAME.fullmatch(self.adapter_name))
-             and not self.adapter_name.startswith("__deltaserve"), "adapter_name",
+             and not self.adapter_name.startswith(_RESERVED_PREFIX), "adapter_name",
              f"{self.adapter_name!r} is not a safe name: use letters, digits, '.', '_' or '-', starting with a "
              "letter or digit")
         need(finite(self.lr) and self.lr > 0, "optimizer.lr", f"must be a positive finite number, got {self.lr!r}")
@@ -167,10 +167,12 @@ def _module_name(value: str) -> str:
     return value
 
 
-def _adapter_name(value: str) -> str:
-    from .hooks import RESERVED_ADAPTER_NAME
+#: names DeltaServe keeps for itself (hooks.RESERVED_ADAPTER_NAME among them; importing hooks would import torch)
+_RESERVED_PREFIX = "__deltaserve"
 
-    if value == RESERVED_ADAPTER_NAME or value.startswith("__deltaserve"):
+
+def _adapter_name(value: str) -> str:
+    if value.startswith(_RESERVED_PREFIX):
         raise ValueError("is reserved for DeltaServe's internal fine-tuning adapter")
     if not _ADAPTER_NAME.fullmatch(value):
         raise ValueError("is not a safe name")
