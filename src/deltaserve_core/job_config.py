@@ -1,7 +1,10 @@
 """The fine-tuning job an operator attaches to a host: one YAML file, the same for every engine.
 
-Everything is validated when the file is read, before any engine or process starts; each error names the
-key, the value and what would be accepted.
+Everything is validated when the file is read, before any engine or process starts, against one strict schema
+(pydantic, below): no coercion of ``1.5`` or ``true`` into integers, only finite numbers, lists stay lists,
+unknown keys refused, ``adapter_name`` a safe identifier. Each error names the key, the value and what would be
+accepted. What needs the model or the checkpoint folder (target modules, the engine's rank limit, resuming) is
+checked next, still before anything starts, by :mod:`.preflight`. Reading a job imports no torch.
 
 .. code-block:: yaml
 
