@@ -225,3 +225,38 @@ def test_recovery_does_not_count_redone_steps_twice() -> None:
     for step in (4, 5):
         co._handle(BackwardReport("step", step=step, sample_ids=(step,), tokens=100, loss=float(step)))
     assert co.stats.optimizer_steps == 5 and co.stats.trained_tokens == 500
+
+
+@pytest.mark.faults
+def test_spawned_backward_reports_nonfinite_and_keeps_the_shared_adapter(tiny_llama: tuple[str, str],
+                                                                         tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
+    from deltaserve_core.backward_process import BackwardProcess
+
+    from test_exactness import make_batches  # tests/ is on sys.path
+
+    model_dir, adapter_dir = tiny_llama
+    load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)  # noqa: E731
+    capture = PeftModel.from_pretrained(load(), adapter_dir)
+    batch = make_batches(5, 1, 3, capture.config.vocab_size)[0]
+    buffer = ActivationBuffer(3, 64, capacity_tokens=512)
+    bp = BackwardProcess(load(), LoraAdapterState.load_pretrained(adapter_dir), buffer,
+                         config=TrainerConfig(lr=1e39), checkpoint_dir=tmp_path / "ckpt", torch_threads=1)
+    before = {k: v.clone() for k, v in bp.adapter.tensors.items()}
+    try:
+        bp.start()
+        bp.wait_ready(120)
+        for s in batch:
+            assert buffer.reserve(s) is not None
+        done, _ = capture_forward(capture, buffer, 0, batch)
+        rep = bp.wait(bp.train_batch(done), 120)
+        assert rep.kind == "nonfinite" and rep.step == 0 and "weights" in rep.message, rep.message
+        assert all(torch.equal(before[k], v) for k, v in bp.adapter.tensors.items())
+        assert buffer.free_tokens == buffer.capacity_tokens  # the skipped batch's samples were consumed
+        assert bp.wait(bp.save_checkpoint({}), 60).kind == "checkpoint"  # the unchanged adapter still saves
+    finally:
+        bp.close()
+        buffer.close()
