@@ -285,7 +285,8 @@ def test_jsonl_bad_records_are_counted_with_their_line(tmp_path: Path) -> None:
 def test_a_bad_element_mid_list_does_not_drop_the_rest(tmp_path: Path) -> None:
     from deltaserve_core.finetune_data import load_records
 
-    items = [json.dumps(GOOD), '{"instruction": oops, "output": "x"}', DEEP, '{"instruction": "\\ud800", "output": "y"}',
+    items = [json.dumps(GOOD), '{"instruction": oops, "output": "x"}', DEEP,
+             '{"instruction": "\\ud800", "output": "y"}',
              json.dumps({**GOOD, "output": "with , and ] inside"}), json.dumps(GOOD)]
     path = tmp_path / "d.json"
     path.write_text("[\n" + ",\n".join(items) + "\n]\n")

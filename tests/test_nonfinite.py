@@ -24,7 +24,8 @@ def _trainer(tiny_llama: tuple[str, str], **cfg: object) -> LoraBackward:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama[0], dtype=torch.float32)
-    return LoraBackward(model, LoraAdapterState.load_pretrained(tiny_llama[1]), TrainerConfig(**cfg))  # type: ignore[arg-type]
+    config = TrainerConfig(**cfg)  # type: ignore[arg-type]
+    return LoraBackward(model, LoraAdapterState.load_pretrained(tiny_llama[1]), config)
 
 
 def _samples(trainer: LoraBackward, n: int = 2, length: int = 12, seed: int = 0) -> list[CapturedSample]:

@@ -125,8 +125,10 @@ class JobConfig:
              f"must be an integer > 0 (activation buffer size in tokens), got {self.buffer_tokens!r}")
         need(self.buffer_tokens >= min(self.max_length, self.backward_batch_tokens), "buffer_tokens",
              f"({self.buffer_tokens}) must hold at least one sample of max_length or one backward batch; raise it")
-        need(finite(self.slo.ttft_s) and self.slo.ttft_s > 0, "slo.ttft_s", f"must be > 0 seconds, got {self.slo.ttft_s}")
-        need(finite(self.slo.tpot_s) and self.slo.tpot_s > 0, "slo.tpot_s", f"must be > 0 seconds, got {self.slo.tpot_s}")
+        need(finite(self.slo.ttft_s) and self.slo.ttft_s > 0, "slo.ttft_s",
+             f"must be > 0 seconds, got {self.slo.ttft_s}")
+        need(finite(self.slo.tpot_s) and self.slo.tpot_s > 0, "slo.tpot_s",
+             f"must be > 0 seconds, got {self.slo.tpot_s}")
         need(self.slo.avg_tpot_s is None or (finite(self.slo.avg_tpot_s) and self.slo.avg_tpot_s > 0), "slo.avg_tpot_s",
              f"must be > 0 seconds or null, got {self.slo.avg_tpot_s}")
         need(self.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 disables periodic checkpoints)")

@@ -22,7 +22,8 @@ class LoraConfigSpec:
         if not isinstance(self.r, int) or isinstance(self.r, bool) or self.r <= 0:
             raise ValueError(f"LoRA rank r must be a positive integer, got {self.r!r}")
         if isinstance(self.target_modules, str):  # tuple("q_proj") would be six one-letter module names
-            raise ValueError(f"target_modules must be a sequence of module names, got the string {self.target_modules!r}")
+            raise ValueError(f"target_modules must be a sequence of module names, got the string "
+                             f"{self.target_modules!r}")
         if not math.isfinite(self.lora_alpha) or self.lora_alpha <= 0:
             raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
         if not self.target_modules:

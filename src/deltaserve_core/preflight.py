@@ -4,8 +4,9 @@
 model, whether the engine can hold the rank, and whether the checkpoint the job would resume from was trained with
 the same adapter shape. Each of those used to surface only after the engine and the backward process had started
 (as a tensor-size traceback, or not at all: an unknown module was silently skipped). Here they are read from files
-alone -- the model's ``config.json`` (the model is built on the meta device, no weights are read) and the
-checkpoint's JSON files -- so a server refuses the job within seconds.
+alone -- the headers of the model's safetensors files (tensor names and shapes; without those, the model is built
+on the meta device from its ``config.json``) and the checkpoint's JSON files -- without torch in the common case,
+so a server refuses the job within seconds.
 
 Called by ``deltaserve serve`` (and the engines' own server paths) right after the job file is read.
 """
@@ -196,7 +197,8 @@ def check_resume(job: JobConfig) -> list[str]:
         same = float(old) == float(new) if field == "lora_alpha" else old == new
         if not same:
             problems.append(f"{key}: is {new!r} but the checkpoint this job resumes from ({folder}) was trained with "
-                            f"{old!r}; set {key} back to {old!r}, or point checkpoint.dir at a new folder to start over")
+                            f"{old!r}; set {key} back to {old!r}, or point checkpoint.dir at a new folder to start "
+                            "over")
     return problems
 
 
