@@ -121,8 +121,8 @@ def check_target_modules(job: JobConfig, modules: ModelModules, model_label: str
         if _matches(target, modules.layer_linears):
             continue
         if _matches(target, modules.other):
-            problems.append(f"lora.target_modules: {target!r} is not a linear layer inside {model_label}'s decoder "
-                            f"layers (LoRA here trains only those); use some of {leaves}")
+            problems.append(f"lora.target_modules: {target!r} is not a linear layer inside the decoder layers of "
+                            f"{model_label} (LoRA here trains only those); use some of {leaves}")
         else:
             problems.append(f"lora.target_modules: {model_label} has no module {target!r}; its decoder-layer "
                             f"linears are {leaves}")
@@ -216,7 +216,7 @@ def check_job(job: JobConfig, model_dir: str | os.PathLike[str] | None = None, *
             log.warning("could not list the modules of %s without loading it (%s); lora.target_modules is checked "
                         "when the engine has loaded it", model_dir, exc)
         else:
-            problems += check_target_modules(job, modules, Path(model_dir).name)
+            problems += check_target_modules(job, modules, f"model {Path(model_dir).name!r}")
     problems += check_resume(job)
     if len(problems) == 1:
         raise JobConfigError(f"job config: {problems[0]}")
