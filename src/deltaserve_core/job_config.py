@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -96,11 +97,12 @@ class JobConfig:
             if not cond:
                 raise JobConfigError(f"job config: {key}: {msg}")
 
+        # numbers.* rather than int/float: code that builds a JobConfig may hand numpy scalars
         def whole(value: object) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
         def finite(value: object) -> bool:
-            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
 
         # Repeats the schema's ranges for JobConfigs built in code (demo, benchmarks), which skip the schema.
         need(isinstance(self.dataset, str) and bool(self.dataset), "dataset",
