@@ -5,16 +5,6 @@ and host discovery in :mod:`deltaserve_core.registry`. Engine adapters live in t
 (``deltaserve_vllm``, ``deltaserve_sglang``, ``deltaserve_slora``).
 """
 
-from .hooks import (
-    RESERVED_ADAPTER_NAME,
-    ActivationSink,
-    HostHooks,
-    HostProtocolError,
-    ReservedAdapterError,
-    ScheduleInterceptor,
-    StepSink,
-    validate_host,
-)
 from .types import (
     PROTOCOL_VERSION,
     ExecutionMode,
@@ -29,6 +19,19 @@ from .types import (
 )
 
 __version__ = "0.1.0"
+
+# The protocol names from .hooks are loaded on first use: hooks imports torch, and a command that only reads a
+# job config (and refuses it) should not pay seconds of torch import first.
+_FROM_HOOKS = frozenset({"RESERVED_ADAPTER_NAME", "ActivationSink", "HostHooks", "HostProtocolError",
+                         "ReservedAdapterError", "ScheduleInterceptor", "StepSink", "validate_host"})
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_HOOKS:
+        from . import hooks
+
+        return getattr(hooks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "__version__",

@@ -10,15 +10,45 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-__all__ = ["LoraConfigSpec", "LoraAdapterState", "peft_key", "parse_peft_key", "fresh_lora_state"]
+from .lora_spec import LoraConfigSpec
+
+__all__ = ["LoraConfigSpec", "LoraAdapterState", "NonFiniteAdapterError", "all_finite", "check_finite",
+           "nonfinite_names", "peft_key", "parse_peft_key", "fresh_lora_state"]
 
 _KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
+    """Whether every element of every tensor is finite (``None`` entries, e.g. absent gradients, are skipped).
+
+    One device sync for the lot, so the backward can afford it on every optimizer step."""
+    flags = [torch.isfinite(t).all() for t in tensors if t is not None and t.is_floating_point()]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def nonfinite_names(tensors: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors holding a NaN or an infinity, sorted (for error messages; slower than
+    :func:`all_finite`)."""
+    return sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+
+
+class NonFiniteAdapterError(ValueError):
+    """An adapter (or optimizer state) holds NaN or infinite values, so it is neither checkpointed nor published."""
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise :class:`NonFiniteAdapterError` naming the tensors of ``what`` that are not finite."""
+    if all_finite(tensors.values()):
+        return
+    bad = nonfinite_names(tensors)
+    raise NonFiniteAdapterError(f"{what} holds non-finite values in {len(bad)} of {len(tensors)} tensors "
+                                f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); refusing to write it")
 
 
 def peft_key(layer: int, module: str, ab: str, layers_path: str = "model.layers") -> str:
@@ -32,46 +62,6 @@ def parse_peft_key(key: str) -> tuple[int, str, str]:
     if m is None:
         raise ValueError(f"not a PEFT LoRA weight key: {key!r}")
     return int(m["idx"]), m["module"], m["ab"]
-
-
-@dataclass(frozen=True, slots=True)
-class LoraConfigSpec:
-    """LoRA hyper-parameters of the fine-tuning job (mirrors ``peft.LoraConfig``'s fields of the same names)."""
-
-    r: int = 8
-    lora_alpha: float = 16.0
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-    lora_dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.r <= 0:
-            raise ValueError(f"LoRA rank r must be positive, got {self.r}")
-        if self.lora_alpha <= 0:
-            raise ValueError(f"lora_alpha must be positive, got {self.lora_alpha}")
-        if not self.target_modules:
-            raise ValueError("target_modules must name at least one linear layer, e.g. ['q_proj', 'v_proj']")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}")
-
-    @property
-    def scaling(self) -> float:
-        return self.lora_alpha / self.r
-
-    def peft_config_dict(self, base_model_path: str) -> dict[str, object]:
-        return {
-            "peft_type": "LORA",
-            "task_type": "CAUSAL_LM",
-            "r": self.r,
-            "lora_alpha": self.lora_alpha,
-            "lora_dropout": self.lora_dropout,
-            "target_modules": list(self.target_modules),
-            "bias": "none",
-            "base_model_name_or_path": base_model_path,
-            "inference_mode": True,
-            "fan_in_fan_out": False,
-            "use_rslora": False,
-            "use_dora": False,
-        }
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,7 @@ class AdmissionReason(str, enum.Enum):
     BACKWARD_RUNNING = "backward_running"  # line 2: activations of the running backward must not be overwritten
     INSTALL_PENDING = "install_pending"  # beyond the paper: the newest adapter version is not on the host yet
     BACKWARD_RECOVERING = "backward_recovering"  # beyond the paper: the backward process is being restarted
+    TRAINING_PAUSED = "training_paused"  # beyond the paper: the job paused itself (repeated non-finite steps)
     HOST_WORK_IN_STEP = "host_work_in_step"  # beyond the paper: this step's spare time went to an adapter install
     BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
     POOL_EMPTY = "pool_empty"  # line 2

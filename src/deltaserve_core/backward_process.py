@@ -13,8 +13,8 @@ scheduling process). It starts a child with the ``spawn`` start method that maps
 * the **activation buffer** (:class:`~deltaserve_core.activation_buffer.ActivationBuffer`, re-mapped by name).
 
 Control is split by urgency. Commands (``train``, ``accumulate``/``apply`` for an optimizer step sent in parts,
-``save``, ``stop``) and reports (``ready``, ``step``, ``accumulated``, ``checkpoint``, ``error``, ``cancelled``,
-``died``) travel through two queues. The GPU grant
+``save``, ``stop``) and reports (``ready``, ``step``, ``nonfinite``, ``accumulated``, ``checkpoint``, ``error``,
+``cancelled``, ``died``) travel through two queues. The GPU grant
 (:attr:`BackwardProcess.grant`), the heartbeat and the pause timestamps are words in shared memory, read or written at
 every layer boundary without system calls.
 
@@ -69,7 +69,7 @@ from torch import nn
 from .activation_buffer import ActivationBuffer, SharedArray, SharedFlag
 from .adapter_state import LoraAdapterState, LoraConfigSpec
 from .checkpoint import Checkpoint, load_latest, save_checkpoint
-from .lora_backward import BackwardBatcher, BackwardCancelled, TrainerConfig
+from .lora_backward import BackwardBatcher, BackwardCancelled, StepResult, TrainerConfig
 
 __all__ = [
     "BackwardProcess",
@@ -96,6 +96,8 @@ class BackwardReport:
 
     ``kind``: ``ready`` (started; ``step`` and ``extra`` of the checkpoint it resumed from, if any), ``step`` (an
     optimizer step finished; ``layer_times_s[l]`` is layer ``l``'s recompute+backward time, pauses excluded),
+    ``nonfinite`` (the batch was trained but its loss, gradients or new weights were not finite, so the step was
+    skipped: adapter, optimizer state and ``step`` unchanged, the samples consumed; ``message`` says which),
     ``checkpoint`` (``path`` written), ``cancelled`` (adapter unchanged, samples still READY in the buffer),
     ``error`` (``message`` holds the traceback; the adapter is unchanged, the samples stay READY for the controller to
     retry or release, and the process keeps running), ``died`` (``exitcode``), ``stopped``.
@@ -169,6 +171,17 @@ class _ChildSpec:
     sync_each_layer: bool
     pause_poll_s: float
     release_consumed: bool
+
+
+def _step_kind(result: StepResult) -> str:
+    return "nonfinite" if result.nonfinite else "step"
+
+
+def _nonfinite_message(result: StepResult) -> str:
+    if not result.nonfinite:
+        return ""
+    return (f"batch of samples {list(result.sample_ids)} skipped: its {result.nonfinite} were not finite (loss "
+            f"{result.loss}); the adapter and the optimizer state are unchanged at step {result.step}")
 
 
 def _child_main(spec: _ChildSpec) -> None:
@@ -306,9 +319,10 @@ def _child_main(spec: _ChildSpec) -> None:
                         spec.buffer.release(sid)
                 ctl[_STEP] = trainer.step
                 spec.reports.put(BackwardReport(
-                    "step", cmd_id, step=result.step, loss=result.loss, sample_ids=result.sample_ids,
+                    _step_kind(result), cmd_id, step=result.step, loss=result.loss, sample_ids=result.sample_ids,
                     tokens=result.tokens, target_tokens=result.target_tokens, duration_s=result.duration_s,
-                    paused_s=paused_total[0], layer_times_s=result.layer_times_s, time=time.monotonic()))
+                    paused_s=paused_total[0], layer_times_s=result.layer_times_s,
+                    message=_nonfinite_message(result), time=time.monotonic()))
             ctl[_CANCEL] = 0  # a cancel request applies to one batch only
             ctl[_STATE] = _IDLE
         elif kind == "save":

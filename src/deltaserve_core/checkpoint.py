@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .adapter_state import LoraAdapterState
+from .adapter_state import LoraAdapterState, check_finite
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_latest", "load_checkpoint", "list_checkpoints"]
 
@@ -91,12 +91,15 @@ def save_checkpoint(directory: str | os.PathLike[str], adapter_state: LoraAdapte
     """Write checkpoint ``step`` atomically under ``directory`` and prune to the newest ``keep_last``.
 
     ``extra`` is any JSON-serialisable mapping (the controller puts the data pool's ``state_dict`` there); it is
-    checked before anything is written. Saving a step that already exists replaces it. Returns the folder.
+    checked before anything is written, and so are the weights and the optimizer's moments: a NaN or infinity
+    raises :class:`~deltaserve_core.adapter_state.NonFiniteAdapterError` and nothing is written. Saving a step that
+    already exists replaces it. Returns the folder.
     Called by the backward process on the controller's ``save`` command (or by anyone holding an optimizer).
     """
     if keep_last < 1:
         raise ValueError("keep_last must be at least 1")
     extra_json = json.dumps(dict(extra or {}))  # fails early, before any file exists, if extra is not JSON-able
+    _refuse_nonfinite(adapter_state, optimizer_state, step)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{int(step):08d}"
@@ -144,6 +147,14 @@ def save_checkpoint(directory: str | os.PathLike[str], adapter_state: LoraAdapte
         if f"-{os.getpid()}-" not in stale.name:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _refuse_nonfinite(adapter_state: LoraAdapterState, optimizer_state: Mapping[str, Any] | None, step: int) -> None:
+    # A NaN checkpoint is worse than none: it becomes what every restart resumes from and what gets published.
+    check_finite(adapter_state.tensors, f"checkpoint {step}'s adapter")
+    moments = {f"state[{pid}].{k}": v for pid, st in dict((optimizer_state or {}).get("state") or {}).items()
+               for k, v in dict(st).items() if torch.is_tensor(v)}
+    check_finite(moments, f"checkpoint {step}'s optimizer state")
 
 
 def load_checkpoint(path: str | os.PathLike[str], map_location: str | torch.device = "cpu") -> Checkpoint:

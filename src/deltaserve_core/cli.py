@@ -140,16 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if hasattr(args, "pytest_args"):
         args.pytest_args = list(args.pytest_args) + extra
-    from .registry import HostUnavailableError, UnknownHostError
-
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `deltaserve hosts | head`: the reader left, nothing to report
         return 0
-    except (UnknownHostError, HostUnavailableError, ValueError, FileNotFoundError) as exc:
+    except Exception as exc:
         # Bad input and missing engines are the user's to fix: one line that says what, no traceback
-        # (set DELTASERVE_DEBUG=1 to get it).
-        if os.environ.get("DELTASERVE_DEBUG"):
+        # (set DELTASERVE_DEBUG=1 to get it). The registry's errors are looked up only if it was imported (it
+        # imports torch, which a refused job config must not wait for).
+        registry = sys.modules.get(f"{__package__}.registry")
+        user_errors: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError)
+        if registry is not None:
+            user_errors += (registry.UnknownHostError, registry.HostUnavailableError)
+        if not isinstance(exc, user_errors) or os.environ.get("DELTASERVE_DEBUG"):
             raise
         print(f"deltaserve {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from .activation_buffer import ActivationBuffer
-from .adapter_state import fresh_lora_state
+from .adapter_state import all_finite, fresh_lora_state
 from .admission import Admission, AdmissionDecision, AdmissionReason
 from .backward_process import BackwardProcess, BackwardProcessError, BackwardReport
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
@@ -78,6 +78,14 @@ class CoServeStats:
     losses: list[float] = field(default_factory=list)
     trained_batches: list[tuple[int, ...]] = field(default_factory=list)  # sample ids of each optimizer step
     backward_failures: int = 0
+    #: optimizer steps skipped because their loss, gradients or new weights were not finite (adapter unchanged)
+    nonfinite_skipped: int = 0
+    #: publishes refused because the snapshot held NaN or infinite values
+    publish_refused: int = 0
+    #: optimizer steps trained again after a backward restart rewound to an older checkpoint
+    redone_steps: int = 0
+    #: why fine-tuning stopped admitting samples (None while it runs): an operator has to look
+    training_paused: str | None = None
     # the last 512 relative errors per mode: what the MAPE is reported over, without growing per step
     estimator_errors: dict[str, deque[float]] = field(
         default_factory=lambda: {"graph": deque(maxlen=512), "eager": deque(maxlen=512)})
@@ -106,7 +114,9 @@ class CoServeStats:
             "finetune_tokens_per_s": self.trained_tokens / elapsed,
             "first_loss": self.losses[0] if self.losses else None, "last_loss": self.losses[-1] if self.losses else None,
             "losses": list(self.losses),
-            "backward_failures": self.backward_failures,
+            "backward_failures": self.backward_failures, "nonfinite_skipped": self.nonfinite_skipped,
+            "publish_refused": self.publish_refused, "redone_steps": self.redone_steps,
+            "training_paused": self.training_paused,
             "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
             "published": list(self.published), "checkpoints": list(self.checkpoints),
             "admission_reasons": dict(self.admission_reasons), "host_work_runs": dict(self.host_work_runs),
@@ -128,7 +138,8 @@ class CoServer:
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
                  safety_quantile: float | None = 1.0, cap_extension: bool = True,
-                 cap_to_calibration: bool = True, host_work_deadline_s: float = 2.0) -> None:
+                 cap_to_calibration: bool = True, host_work_deadline_s: float = 2.0,
+                 nonfinite_pause_after: int = 3) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
@@ -143,7 +154,17 @@ class CoServer:
         only, the paper's rule). ``host_work_deadline_s``: an adapter install or publish waits for a step whose
         spare time covers its measured cost under the inference margin; once it waited this long, for one that
         covers it under the plain prediction; once it waited twice this long, it runs in the next step whatever the
-        cost (counted in ``stats.host_work_forced``), so fine-tuning never waits for ever."""
+        cost (counted in ``stats.host_work_forced``), so fine-tuning never waits for ever.
+        ``nonfinite_pause_after``: after this many optimizer steps in a row were skipped
+        for non-finite values, admission stops (:attr:`CoServeStats.training_paused` says why) until a restart:
+        the job's settings (learning rate, data) are then wrong, and training on would only waste the device."""
+        if nonfinite_pause_after < 1:
+            raise ValueError(f"nonfinite_pause_after must be >= 1, got {nonfinite_pause_after!r}")
+        self.nonfinite_pause_after = nonfinite_pause_after
+        self._nonfinite_streak = 0
+        #: (adapter step, tokens) of each optimizer step this controller saw land, so a restart that rewinds to a
+        #: checkpoint can drop the steps it will redo from the totals instead of counting them twice
+        self._step_log: list[tuple[int, int]] = []
         self.host = host
         self.job = job
         self.caps = validate_host(host)
@@ -218,6 +239,34 @@ class CoServer:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> "CoServer":
+        """Create the buffer and the backward process, resume, calibrate and install the hooks.
+
+        A failure on the way stops what was started already before it propagates: the backward child ignores
+        SIGTERM (see :mod:`.backward_process`), so one left running would keep its parent from ever exiting."""
+        try:
+            return self._start()
+        except BaseException:
+            self._abort_start()
+            raise
+
+    def _abort_start(self) -> None:
+        for undo in (self.host.intercept_schedule, self.host.capture_activation, self.host.report_step_time):
+            try:
+                undo(None)
+            except Exception:  # noqa: BLE001 - best effort: the original error is what the caller must see
+                log.debug("undoing a hook after a failed start", exc_info=True)
+        if self.backward is not None:
+            try:
+                self.backward.close()
+            except Exception:  # noqa: BLE001
+                log.exception("stopping the backward process after a failed start")
+                self.backward.kill()
+        if self.buffer is not None:
+            self.buffer.close()
+        self.backward = self.buffer = None
+        self._started = False
+
+    def _start(self) -> "CoServer":
         dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
@@ -322,7 +371,7 @@ class CoServer:
             if not absorb():
                 return None
         before = len(self.stats.checkpoints)
-        bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+        bw.save_checkpoint(extra=self._checkpoint_extra())
         while len(self.stats.checkpoints) == before:
             if not absorb():
                 return None
@@ -395,6 +444,7 @@ class CoServer:
         # that work, and the batch's budget was computed before it ran (an install followed by a mixed step took
         # the token gap past TPOT on the H200).
         pause: AdmissionReason | None = (AdmissionReason.BACKWARD_RECOVERING if self._recovering is not None
+                                         else AdmissionReason.TRAINING_PAUSED if self.stats.training_paused
                                          else AdmissionReason.BACKWARD_RUNNING if bw.busy
                                          else AdmissionReason.INSTALL_PENDING if not installed
                                          else AdmissionReason.HOST_WORK_IN_STEP if host_s and not batch.is_empty
@@ -527,6 +577,8 @@ class CoServer:
         if rep.kind == "step":
             self._step_ids, self._step_tokens = [], 0
             self.pool.complete(list(rep.sample_ids))
+            self._nonfinite_streak = 0
+            self._step_log.append((rep.step, rep.tokens))
             self.stats.optimizer_steps += 1
             self.stats.trained_batches.append(tuple(rep.sample_ids))
             self.stats.trained_tokens += rep.tokens
@@ -538,10 +590,12 @@ class CoServer:
             self._defer(_INSTALL, lambda: self.host.set_finetune_adapter(snapshot))
             ck = self.job.checkpoint
             if ck.every_steps and rep.step % ck.every_steps == 0:
-                bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+                bw.save_checkpoint(extra=self._checkpoint_extra())
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
+        elif rep.kind == "nonfinite":
+            self._skipped_nonfinite(rep)
         elif rep.kind == "checkpoint":
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
@@ -559,6 +613,39 @@ class CoServer:
                 self._step_tokens = self._step_tokens if self._step_ids else 0
         elif rep.kind == "died":
             self._recover(rep.message)
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        from .preflight import resume_fields
+
+        # the job's shape goes with the pool, so the next start can refuse an incompatible job before it starts
+        return {"pool": self.pool.state_dict(), "job": resume_fields(self.job)}
+
+    def _skipped_nonfinite(self, rep: BackwardReport) -> None:
+        """A batch trained into NaN/inf and its step was skipped; pause admission once that keeps happening."""
+        # The samples count as consumed: one that yields NaN would yield it again, and retrying it forever
+        # would stall the job at that sample.
+        self._step_ids, self._step_tokens = [], 0  # an open step sent in parts ended with it
+        self.pool.complete(list(rep.sample_ids))
+        self.stats.nonfinite_skipped += 1
+        self._nonfinite_streak += 1
+        log.warning("non-finite optimizer step skipped (%d in a row): %s", self._nonfinite_streak, rep.message)
+        if self._nonfinite_streak >= self.nonfinite_pause_after and self.stats.training_paused is None:
+            self.stats.training_paused = (
+                f"{self._nonfinite_streak} optimizer steps in a row were not finite (last: {rep.message}); "
+                "fine-tuning is paused at the last finite adapter. Lower optimizer.lr or fix the data, then restart")
+            log.error("fine-tuning PAUSED: %s", self.stats.training_paused)
+
+    def _rewind_stats(self, step: int) -> None:
+        """Totals as of adapter ``step`` (a restart resumed there): the steps after it will be trained again."""
+        keep = sum(1 for s, _ in self._step_log if s <= step)
+        dropped = self._step_log[keep:]
+        del self._step_log[keep:]
+        self.stats.redone_steps += len(dropped)
+        self.stats.optimizer_steps -= len(dropped)
+        self.stats.trained_tokens -= sum(t for _, t in dropped)
+        for series in (self.stats.trained_batches, self.stats.losses):
+            if len(dropped) and len(series) >= len(dropped):
+                del series[len(series) - len(dropped):]
 
     def _run_host_work(self, batch: ProposedBatch) -> tuple[bool, float]:
         """Run the deferred host calls ``batch`` can absorb; (whether no adapter install is left pending, seconds
@@ -597,8 +684,14 @@ class CoServer:
         assert self.backward is not None
         if step <= self._published_step:
             return  # two checkpoints of one step (e.g. periodic + final) publish once
+        snapshot = self.backward.adapter_snapshot(version=step)
+        if not all_finite(snapshot.tensors.values()):
+            # clients would get NaN logits under a valid-looking version name
+            self.stats.publish_refused += 1
+            log.error("not publishing %s@v%d: the adapter holds non-finite values", self.job.adapter_name, step)
+            return
         self._published_step = step
-        name = self.host.publish_adapter(self.backward.adapter_snapshot(version=step))
+        name = self.host.publish_adapter(snapshot)
         self.stats.published.append(name)
         log.debug("published adapter %s", name)
 
@@ -644,6 +737,7 @@ class CoServer:
                 # an install queued before the fault belongs to a version the restart may have rewound past
                 self._host_work.pop(_INSTALL, None)
                 self._host_work_since.pop(_INSTALL, None)
+                self._rewind_stats(rep.step)
                 assert self.backward is not None
                 self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
                 log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)

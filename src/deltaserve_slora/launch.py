@@ -341,8 +341,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts, slora_argv = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         job_path = str(Path(opts.job).expanduser().resolve())
-        load_job_config(job_path)  # refuses a bad job file, naming the field and the fix
+        job = load_job_config(job_path)  # refuses a bad job file, naming the field and the fix
         slora_argv, model = check_slora_args(slora_argv)
+        from deltaserve_core.preflight import check_job
+
+        check_job(job, model)  # target modules against the model folder, resume against the checkpoint
         checkout = locate_slora(opts.slora_path)
         activate(checkout)
         _load_profile(profile_key(checkout, str(model)))

@@ -128,6 +128,9 @@ def configure_engine_args(args: Any) -> bool:
     if job.lora.r > int(args.max_lora_rank):
         raise ValueError(f"the job's LoRA rank {job.lora.r} exceeds --max-lora-rank {args.max_lora_rank}; start "
                          f"vLLM with --max-lora-rank {job.lora.r} (or more)")
+    from deltaserve_core.preflight import check_job
+
+    check_job(job, args.model)  # target modules against a local model folder, resume against the checkpoint
     if not current_platform.is_cpu():
         if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
             raise ValueError("DeltaServe needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0")
