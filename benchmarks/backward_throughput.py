@@ -11,6 +11,9 @@ noise on a shared CPU is ±30 %):
 
 * ``plain``: :func:`deltaserve_core.lora_backward.plain_peft_step`, i.e. what a user writes with transformers + PEFT:
   per-sample forward with loss, backward, one AdamW step per backward batch (256 tokens by default).
+* ``packed``: :func:`deltaserve_core.lora_backward.packed_peft_step`, the same with transformers' padding-free
+  packing into sequences of ``pack_tokens`` -- the strongest trainer an operator runs instead (the ``static_mps``
+  baseline's), and the rate the backward is judged against.
 * ``deltaserve``: :meth:`LoraBackward.train_step` on the layer inputs a host captured: per-layer recompute +
   backward + AdamW, the batch's samples packed into one sequence per layer (the default ``pack_tokens``). This is
   the work the backward process adds; the forward already ran inside the host's batch.
@@ -19,7 +22,7 @@ noise on a shared CPU is ±30 %):
 * ``capture``: the host-side forward that produced the captures (PEFT forward + pre-hooks copying each layer input),
   reported so the total cost of a DeltaServe-trained token is visible too.
 
-``ratio`` = deltaserve tokens/s ÷ plain tokens/s (goal ≥ 0.9). Tokens are all tokens of the batch (prompt +
+``ratio`` = deltaserve tokens/s ÷ plain tokens/s, and ÷ packed tokens/s (goal ≥ 0.9 against packed). Tokens are all tokens of the batch (prompt +
 response), as the paper counts fine-tuning throughput.
 
 Latencies (skipped with ``--skip-latency``):
@@ -60,7 +63,13 @@ import torch  # noqa: E402
 
 from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward  # noqa: E402
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec  # noqa: E402
-from deltaserve_core.lora_backward import LoraBackward, TrainerConfig, pack_groups, plain_peft_step  # noqa: E402
+from deltaserve_core.lora_backward import (  # noqa: E402
+    LoraBackward,
+    TrainerConfig,
+    pack_groups,
+    packed_peft_step,
+    plain_peft_step,
+)
 from deltaserve_core.types import FineTuneSample  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -151,7 +160,7 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
     buffer = ActivationBuffer(cfg.num_hidden_layers, cfg.hidden_size,
                               capacity_tokens=max(sum(s.num_tokens for s in b) for b in batches), dtype=dtype,
                               device=device, offload_to_host=args.offload)
-    times: dict[str, list[float]] = {"plain": [], "deltaserve": [], "deltaserve_per_sample": [], "deltaserve_fast": [],
+    times: dict[str, list[float]] = {"plain": [], "packed": [], "deltaserve": [], "deltaserve_per_sample": [], "deltaserve_fast": [],
                                      "capture": []}
     tokens_done = 0
     layer_bwd: list[float] = []
@@ -159,12 +168,17 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
 
     def one(batch: list[FineTuneSample], record: bool) -> None:
         nonlocal step_id, tokens_done
-        order = ["plain", "ours"] if step_id % 2 == 0 else ["ours", "plain"]
+        order = ["plain", "packed", "ours"] if step_id % 2 == 0 else ["ours", "packed", "plain"]
         for what in order:
             if what == "plain":
                 dt, _ = timed(device, lambda: plain_peft_step(peft_model, ref_opt, batch))
                 if record:
                     times["plain"].append(dt)
+            elif what == "packed":
+                dt, _ = timed(device, lambda: packed_peft_step(peft_model, ref_opt, batch,
+                                                               pack_tokens=trainer.config.pack_tokens))
+                if record:
+                    times["packed"].append(dt)
             else:
                 for s in batch:
                     buffer.reserve(s)
@@ -231,6 +245,7 @@ def throughput(args: argparse.Namespace, base_ref: torch.nn.Module, base_ours: t
         "tokens_per_s": {k: round(tps(k), 2) for k in times},
         "median_step_s": {k: round(statistics.median(v), 5) for k, v in times.items()},
         "ratio_deltaserve_vs_plain": round(tps("deltaserve") / tps("plain"), 4),
+        "ratio_deltaserve_vs_packed": round(tps("deltaserve") / tps("packed"), 4),
         "ratio_deltaserve_per_sample_vs_plain": round(tps("deltaserve_per_sample") / tps("plain"), 4),
         "ratio_deltaserve_fast_vs_plain": round(tps("deltaserve_fast") / tps("plain"), 4),
         "ratio_capture_plus_deltaserve_vs_plain": round(
@@ -425,7 +440,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     tp, state, batches = throughput(args, base_ref, base_ours, device, dtype)
     result["throughput"] = tp
-    result["meets_goal"] = tp["ratio_deltaserve_vs_plain"] >= 0.9
+    result["meets_goal"] = tp["ratio_deltaserve_vs_packed"] >= 0.9
     del base_ref
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -437,8 +452,9 @@ def main(argv: list[str] | None = None) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
     t = tp["tokens_per_s"]
-    print(f"{label} on {result['device']} ({result['dtype']}): plain {t['plain']:.0f} tok/s, deltaserve "
-          f"{t['deltaserve']:.0f} tok/s (ratio {tp['ratio_deltaserve_vs_plain']:.3f}), per-sample units "
+    print(f"{label} on {result['device']} ({result['dtype']}): plain {t['plain']:.0f} tok/s, packed PEFT "
+          f"{t['packed']:.0f} tok/s, deltaserve {t['deltaserve']:.0f} tok/s (ratio {tp['ratio_deltaserve_vs_plain']:.3f} "
+          f"vs plain, {tp['ratio_deltaserve_vs_packed']:.3f} vs packed), per-sample units "
           f"{t['deltaserve_per_sample']:.0f} (ratio {tp['ratio_deltaserve_per_sample_vs_plain']:.3f}), head-on-targets "
           f"{t['deltaserve_fast']:.0f} (ratio {tp['ratio_deltaserve_fast_vs_plain']:.3f}); capture {t['capture']:.0f} "
           f"tok/s; grad rel err {tp['grad_max_rel_err_vs_plain']:.2e}")
