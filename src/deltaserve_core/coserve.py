@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .activation_buffer import ActivationBuffer
-from .adapter_state import fresh_lora_state
+from .adapter_state import LoraAdapterState, fresh_lora_state
 from .admission import Admission, AdmissionDecision
 from .backward_process import BackwardProcess, BackwardProcessError, BackwardReport
+from .checkpoint import check_writable_dir
+from .cleanup import clean_stale_files
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
@@ -49,9 +53,11 @@ from .slo import SLOConfig, SLOMonitor
 from .slo_margin import SLOMargin
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
-__all__ = ["CoServer", "CoServeStats"]
+__all__ = ["CoServer", "CoServeStats", "published_dir"]
 
 _INSTALL, _PUBLISH = "install", "publish"
+#: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
+MAX_CONSECUTIVE_SAVE_FAILURES = 3
 
 log = logging.getLogger("deltaserve")
 
@@ -74,6 +80,11 @@ class CoServeStats:
     losses: list[float] = field(default_factory=list)
     trained_batches: list[tuple[int, ...]] = field(default_factory=list)  # sample ids of each optimizer step
     backward_failures: int = 0
+    #: checkpoint saves that failed (unwritable or full folder); consecutive ones pause training (see CoServer)
+    save_failures: int = 0
+    consecutive_save_failures: int = 0
+    #: why training is paused for good (None: it is not); shown in status so an operator sees it
+    paused_reason: str | None = None
     # the last 512 relative errors per mode: what the MAPE is reported over, without growing per step
     estimator_errors: dict[str, deque[float]] = field(
         default_factory=lambda: {"graph": deque(maxlen=512), "eager": deque(maxlen=512)})
@@ -95,9 +106,17 @@ class CoServeStats:
             "first_loss": self.losses[0] if self.losses else None, "last_loss": self.losses[-1] if self.losses else None,
             "losses": list(self.losses),
             "backward_failures": self.backward_failures,
+            "save_failures": self.save_failures, "consecutive_save_failures": self.consecutive_save_failures,
+            "paused_reason": self.paused_reason,
             "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
             "published": list(self.published), "checkpoints": list(self.checkpoints),
         }
+
+
+def published_dir(job: JobConfig) -> Path:
+    """Where a job's published versions are kept (``<adapter>@v<step>`` folders): durable across restarts, pruned
+    to ``checkpoint.keep``. Under ``vllm serve`` the API server serves them from here by name."""
+    return Path(job.checkpoint.dir) / "published"
 
 
 class CoServer:
@@ -181,6 +200,8 @@ class CoServer:
         # and an add_lora each), run when a step can absorb them (see _run_host_work); newest per key.
         self._host_work: dict[str, Callable[[], None]] = {}
         self._host_work_s: deque[float] = deque(maxlen=8)
+        self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
+        self._admission_stopped = False
 
     def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
         return self.host.graph_mode(batch)
@@ -188,6 +209,8 @@ class CoServer:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> "CoServer":
+        check_writable_dir(self.job.checkpoint.dir, "checkpoint.dir")
+        clean_stale_files()
         dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
@@ -209,6 +232,8 @@ class CoServer:
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
         self._adapter_version = ready.step
         self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=ready.step))
+        if ready.step > 0 and self.job.publish.policy != "never":
+            self._republish_from_disk(ready.step)
         if ready.step > 0 and self.job.publish.policy != "never":
             self._publish(ready.step)  # a resumed job serves what it has trained, not only what it trains next
         if self._calibrate:
@@ -287,9 +312,13 @@ class CoServer:
             if not absorb():
                 return None
         before = len(self.stats.checkpoints)
-        bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+        failures = self.stats.save_failures
+        self._save(bw)
         while len(self.stats.checkpoints) == before:
             if not absorb():
+                return None
+            if self.stats.save_failures != failures:
+                log.error("no final checkpoint: saving it failed (see the error above)")
                 return None
             if time.monotonic() > deadline:
                 log.error("no final checkpoint: the backward process did not write it within %.0f s", timeout_s)
@@ -329,13 +358,19 @@ class CoServer:
         if self.buffer is not None:
             self.buffer.request_abort()
 
+    def stop_admission(self) -> None:
+        """Admit no more fine-tuning samples (an operator's stop has begun); training already admitted finishes.
+        Safe to call from a signal handler: it only sets a flag the engine thread reads."""
+        self._admission_stopped = True
+
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
         self.poll()
         self.slo_monitor.observe(batch)
         bw = self.backward
         assert bw is not None and self.buffer is not None, "CoServer.start() must run before the host schedules"
         # no admission until the adapter the backward just produced is installed: rows must run on the newest weights
-        paused = bw.busy or self._recovering is not None or not self._run_host_work(batch)
+        paused = (bw.busy or self._recovering is not None or not self._run_host_work(batch)
+                  or self._admission_stopped or self.stats.paused_reason is not None)
         if batch.is_empty:
             self.buffer.clear_abort()
             if not paused and len(self.pool) == 0 and self._pending_ids:
@@ -454,18 +489,35 @@ class CoServer:
             self._host_work[_INSTALL] = lambda: self.host.set_finetune_adapter(snapshot)
             ck = self.job.checkpoint
             if ck.every_steps and rep.step % ck.every_steps == 0:
-                bw.save_checkpoint(extra={"pool": self.pool.state_dict()})
+                self._save(bw)
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
                 self._host_work[_PUBLISH] = lambda: self._publish(rep.step)
         elif rep.kind == "checkpoint":
+            self._save_ids.discard(rep.cmd_id)
+            self.stats.consecutive_save_failures = 0
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
                 self._host_work[_PUBLISH] = lambda: self._publish(rep.step)
+        elif rep.kind == "error" and rep.cmd_id in self._save_ids:
+            self._save_ids.discard(rep.cmd_id)
+            self.stats.save_failures += 1
+            self.stats.consecutive_save_failures += 1
+            n = self.stats.consecutive_save_failures
+            log.error("checkpoint save failed (%d in a row, %d in all) in %s: %s", n, self.stats.save_failures,
+                      self.job.checkpoint.dir, rep.message)
+            if n >= MAX_CONSECUTIVE_SAVE_FAILURES and self.stats.paused_reason is None:
+                # Training on with nothing durable would lose every step at the next crash, silently.
+                self.stats.paused_reason = (f"{n} checkpoint saves in a row failed in {self.job.checkpoint.dir}; "
+                                            f"fine-tuning paused (inference goes on): fix the folder and restart")
+                log.error("TRAINING PAUSED: %s", self.stats.paused_reason)
         elif rep.kind == "error":
             log.error("backward process error (it keeps running): %s", rep.message)
         elif rep.kind == "died":
             self._recover(rep.message)
+
+    def _save(self, bw: BackwardProcess) -> None:
+        self._save_ids.add(bw.save_checkpoint(extra={"pool": self.pool.state_dict()}))
 
     def _run_host_work(self, batch: ProposedBatch) -> bool:
         """Run the deferred host calls if ``batch`` can absorb them; whether no adapter install is left pending.
@@ -490,9 +542,55 @@ class CoServer:
         if step <= self._published_step:
             return  # two checkpoints of one step (e.g. periodic + final) publish once
         self._published_step = step
-        name = self.host.publish_adapter(self.backward.adapter_snapshot(version=step))
+        state = self.backward.adapter_snapshot(version=step)
+        name = self.host.publish_adapter(state)
+        durable = published_dir(self.job) / name
+        if not (durable / "adapter_config.json").is_file():
+            # Hosts that publish into their own temp folder: the copy here is what a restart serves again.
+            try:
+                state.save_pretrained(durable)
+            except OSError as exc:
+                log.error("published %s, but could not keep a copy in %s for restarts: %s", name, durable, exc)
+        if name in self.stats.published:
+            self.stats.published.remove(name)  # republished (a restarted job redoing a step): newest last
         self.stats.published.append(name)
         log.debug("published adapter %s", name)
+        self._prune_published()
+
+    def _prune_published(self) -> None:
+        """Keep the newest ``checkpoint.keep`` published versions: older ones are withdrawn from the host (where
+        it can) and their folders deleted, so a long job does not fill the disk or the engine's adapter slots."""
+        keep = self.job.checkpoint.keep
+        while len(self.stats.published) > keep:
+            name = self.stats.published.pop(0)
+            retract = getattr(self.host, "retract_adapter", None)
+            if callable(retract):
+                try:
+                    retract(name)
+                except Exception as exc:  # noqa: BLE001 - the folder goes anyway; clients get a 404 either way
+                    log.warning("host could not withdraw adapter %s: %s", name, exc)
+            shutil.rmtree(published_dir(self.job) / name, ignore_errors=True)
+            log.info("pruned published adapter %s (checkpoint.keep=%d)", name, keep)
+
+    def _republish_from_disk(self, resumed_step: int) -> None:
+        """Serve again the versions an earlier run of this job published (newest ``checkpoint.keep``)."""
+        root = published_dir(self.job)
+        found = []
+        for folder in root.glob(f"{self.job.adapter_name}@v*") if root.is_dir() else ():
+            tail = folder.name[len(self.job.adapter_name) + 2:]
+            if tail.isdigit() and (folder / "adapter_config.json").is_file() and int(tail) != resumed_step:
+                found.append((int(tail), folder))
+        for version, folder in sorted(found)[-self.job.checkpoint.keep:]:
+            try:
+                state = LoraAdapterState.load_pretrained(folder, name=self.job.adapter_name, version=version)
+                name = self.host.publish_adapter(state)
+            except Exception as exc:  # noqa: BLE001 - one unreadable folder must not stop the server
+                log.warning("could not serve again published adapter %s: %s", folder, exc)
+                continue
+            self.stats.published.append(name)
+            self._published_step = max(self._published_step, version)
+        if found:
+            log.info("serving again %d adapter versions published before the restart", len(self.stats.published))
 
     def _recover(self, why: str) -> None:
         """Pause admission and restart the backward process from its newest checkpoint, off the serving path."""
@@ -549,6 +647,8 @@ class CoServer:
         bw = self.backward
         # pending host work (the last install or publish) keeps the job unfinished, so hosts keep offering the
         # idle step it runs in
+        if self.stats.paused_reason is not None:
+            return not self._host_work  # nothing more will be trained: let idle hosts stop stepping
         return (self.pool.finished and bw is not None and not bw.busy and not self._pending_ids
                 and self._recovering is None and not self._host_work)
 

@@ -36,13 +36,13 @@ import itertools
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.cleanup import make_temp_dir
 from deltaserve_core.driver import (
     ClientOutput,
     ClientRequest,
@@ -123,7 +123,7 @@ class VllmHost(ChannelHooks):
         self._engine_version = version
         self._dist = dist
         self._channel = open_channel()
-        self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-vllm-"))
+        self._tmp = make_temp_dir("vllm")
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
         self._live = InFlightRequests()
@@ -195,6 +195,15 @@ class VllmHost(ChannelHooks):
         state.save_pretrained(path)
         self._register_adapter(name, str(path))
         return name
+
+    def retract_adapter(self, name: str) -> None:
+        """Stop serving published version ``name`` (the core prunes old versions): a request naming it is then
+        refused as an unknown adapter, and the engine frees its LoRA slot."""
+        lora = self._adapters.pop(name, None)
+        if lora is None:
+            return
+        self._engine.remove_lora(lora.lora_int_id)
+        shutil.rmtree(lora.lora_path, ignore_errors=True)
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         ch = self._channel
