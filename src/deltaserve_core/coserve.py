@@ -667,6 +667,11 @@ class CoServer:
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
                  d["admitted_samples"], d["aborted_samples"], seen, mape, self._core_admission.safety,
                  self._core_admission.overhead_s * 1e3, self.pool.progress())
+        if self.stats.save_failures or self.stats.paused_reason:
+            # repeated in every progress line: a failing folder must not scroll out of sight after one error
+            log.warning("fine-tuning: %d checkpoint saves failed (%d in a row)%s", self.stats.save_failures,
+                        self.stats.consecutive_save_failures,
+                        f"; PAUSED: {self.stats.paused_reason}" if self.stats.paused_reason else "")
 
 
 # ---------------------------------------------------------------------------------------------- base model
