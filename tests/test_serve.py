@@ -194,6 +194,8 @@ def _serve_flow(workdir: Path, host: str, prompts: list[object], ready_timeout: 
         assert status == 400 and "stream" in body["error"]["message"], body
         status, body = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6], "model": "no-such-model"})
         assert status == 404, body
+        status, body = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6], "model": ["a"]})
+        assert status == 400, body  # was a 500
 
         state = _wait_trained(base, timeout=180.0)
         assert state["inference"]["requests"] >= len(prompts)

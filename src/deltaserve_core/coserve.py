@@ -623,6 +623,10 @@ class CoServer:
         while self._pending_reports:
             rep = self._pending_reports.popleft()
             if rep.kind == "recovered":
+                # steps after the checkpoint are redone by the new child: count each optimizer step once
+                lost = max(0, self._adapter_version - rep.step)
+                self.stats.optimizer_steps = max(0, self.stats.optimizer_steps - lost)
+                self._adapter_version = rep.step
                 pool_state = rep.extra.get("pool")
                 if pool_state:
                     self.pool.load_state_dict(pool_state)

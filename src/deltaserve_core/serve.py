@@ -347,10 +347,12 @@ class _Frontend:
         return {"object": "list", "data": data}
 
     def _adapter_for(self, model: Any) -> str | None:
-        if model is None or model in self.base_names:
+        if model is None:
             return None
-        if not isinstance(model, str):
+        if not isinstance(model, str):  # checked first: a list is unhashable, and the set lookup raised (a 500)
             raise _HttpError(400, "'model' must be a string")
+        if model in self.base_names:
+            return None
         published = self.loop.published
         if model in published:
             return model
@@ -644,6 +646,11 @@ def run_serve(args: argparse.Namespace) -> int:
             raise holder["error"]
         if loop.error is not None:
             print(f"[serve] the engine failed: {loop.error}", file=sys.stderr)
+            return 1
+        if holder.get("final_checkpoint") is None:
+            # training since the last checkpoint is lost: an operator's scripts must see that, not exit 0
+            print("[serve] stopped without a final checkpoint (see the errors above): the next start resumes from "
+                  "the last checkpoint written", file=sys.stderr, flush=True)
             return 1
         ft, inf = holder.get("stats", {}), loop.stats.as_dict()
         attained = "n/a" if inf["slo_attainment"] is None else f"{inf['slo_attainment'] * 100:.1f}%"
