@@ -98,7 +98,7 @@ def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str) -> d
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
              "--dtype", "float32", "--port", str(port), "--max-model-len", "256", "--max-lora-rank", "8",
              "--additional-config", json.dumps({"deltaserve": {"job": str(job), "log_every_s": 1}})],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 420
     while True:
@@ -109,7 +109,7 @@ def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str) -> d
             break
         except OSError:
             if time.monotonic() > deadline:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail(f"vLLM server did not come up:\n{log_path.read_text()[-4000:]}")
             time.sleep(2)
     return {"base": base, "proc": proc, "log": log_path, "ckpt": tmp / "ckpt", "model": str(tiny_model)}
@@ -121,7 +121,7 @@ def _stop(proc: subprocess.Popen) -> None:
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the EngineCore and the backward go too
             proc.wait(10)
 
 
@@ -249,7 +249,9 @@ def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) 
     assert not list(server["ckpt"].glob("checkpoint-*")), "periodic checkpoints are off in this job"
     proc = server["proc"]
     t0 = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    # as a Ctrl-C in a terminal: every process of the server gets it, the EngineCore then a SIGTERM from the API
+    # server too
+    os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=180)
     stopped_s = time.monotonic() - t0
     log = server["log"].read_text()

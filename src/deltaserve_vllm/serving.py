@@ -231,6 +231,12 @@ class ServeRuntime:
                 return
             self._stopped = True
         self.channel.idle_source = None
+        if threading.current_thread() is threading.main_thread():
+            # vLLM restores the default handlers before it tears the engine down, and a Ctrl-C (or systemd's
+            # SIGTERM to the whole group) reaches this process once directly and once more from the API server:
+            # that second signal would kill it mid-checkpoint. The API server's SIGKILL still bounds the stop.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
         timeout = 60.0
         if self._stop_signalled_at is not None and self._shutdown_timeout_s > 0:
             # The API server kills this process shutdown_timeout after it signalled it: stay inside that window
