@@ -248,7 +248,8 @@ def test_serve_reference(workdir: Path) -> None:
         names = [m["id"] for m in _http("GET", f"{server.base}/v1/models")[1]["data"]]
         assert f"job-reference@v{step}" in names, names
         # every published version kept on disk (the newest checkpoint.keep) is served again
-        on_disk = sorted(p.name for p in (workdir / "ckpt-job-reference" / "published").iterdir())
+        on_disk = sorted(p.name for p in (workdir / "ckpt-job-reference" / "published").iterdir()
+                         if not (p / ".retired").exists())
         assert 0 < len(on_disk) <= 2 and set(on_disk) <= set(names), (on_disk, names)
         status, body = _http("POST", f"{server.base}/v1/completions",
                              {"prompt": [5, 6], "max_tokens": 1, "model": on_disk[0]})

@@ -188,7 +188,7 @@ def test_failed_saves_are_counted_and_pause_training(host, dataset: Path, tmp_pa
 
 def test_published_versions_are_pruned_and_served_again_after_a_restart(host, dataset: Path,  # noqa: ANN001
                                                                         tmp_path: Path) -> None:
-    from deltaserve_core.coserve import CoServer, published_dir
+    from deltaserve_core.coserve import RETIRED_MARK, CoServer, delete_retired, published_dir
 
     job = _job(dataset, tmp_path / "ckpt")
     co = CoServer(host, job, latency_model=_model(), backward_threads=1)
@@ -198,9 +198,15 @@ def test_published_versions_are_pruned_and_served_again_after_a_restart(host, da
         co.final_checkpoint(timeout_s=60)
         published = list(co.stats.published)
     assert len(published) == job.checkpoint.keep, published
-    on_disk = sorted(p.name for p in published_dir(job).iterdir())
-    assert on_disk == sorted(published), (on_disk, published)
-    assert not any(n in host._adapters for n in ("trust@v1", "trust@v2")), "pruned versions are still served"
+    root = published_dir(job)
+    live = sorted(p.name for p in root.iterdir() if not (p / RETIRED_MARK).exists())
+    retired = sorted(p.name for p in root.iterdir() if (p / RETIRED_MARK).exists())
+    assert live == sorted(published) and "trust@v1" in retired, (live, retired)
+    assert not any(n in host._adapters for n in retired), "pruned versions are still served"
+    # retired folders stay a grace period for requests already running on them, then go
+    assert delete_retired(root, grace_s=3600) == []
+    assert sorted(p.name for p in delete_retired(root, grace_s=0)) == retired
+    assert sorted(p.name for p in root.iterdir()) == live
     for name in published:
         host._adapters.pop(name, None)  # what a fresh process would start with
 
@@ -292,15 +298,20 @@ class TestVllmGuard:
             assert err is not None and err.error.code == 404, name
         assert os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") is None  # nothing turned it on
 
-    def test_pruned_version_is_forgotten_and_removed_from_the_engine(self, setup) -> None:  # noqa: ANN001
+    @pytest.mark.parametrize("how", ["retired", "deleted"])
+    def test_pruned_version_is_no_longer_served(self, setup, how: str) -> None:  # noqa: ANN001
         import shutil
 
         assert self._check(setup.models, "served@v4") is None
-        lora_id = setup.models.lora_requests["served@v4"].lora_int_id
-        shutil.rmtree(setup.publish / "served@v4")
+        if how == "retired":
+            (setup.publish / "served@v4" / ".retired").touch()
+        else:
+            shutil.rmtree(setup.publish / "served@v4")
         err = self._check(setup.models, "served@v4")
         assert err is not None and err.error.code == 404
-        assert "served@v4" not in setup.models.lora_requests and ("remove", lora_id) in setup.calls
+        assert "served@v4" not in setup.models.lora_requests
+        # left to the engine's LRU: a request still running on it must not have to reload it
+        assert not any(c[0] == "remove" for c in setup.calls)
 
     def test_client_loads_cannot_touch_deltaserve_names_folders_or_versions(self, setup) -> None:  # noqa: ANN001
         models, ckpt = setup.models, setup.ckpt

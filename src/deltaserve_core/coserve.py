@@ -53,7 +53,7 @@ from .slo import SLOConfig, SLOMonitor
 from .slo_margin import SLOMargin
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
-__all__ = ["CoServer", "CoServeStats", "published_dir"]
+__all__ = ["RETIRED_MARK", "CoServer", "CoServeStats", "delete_retired", "published_dir"]
 
 _INSTALL, _PUBLISH = "install", "publish"
 #: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
@@ -111,6 +111,26 @@ class CoServeStats:
             "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
             "published": list(self.published), "checkpoints": list(self.checkpoints),
         }
+
+
+#: file in a published version's folder once it is pruned: clients can no longer request it
+RETIRED_MARK = ".retired"
+#: how long a retired version's folder stays for requests that were already running on it
+RETIRED_GRACE_S = 600.0
+
+
+def delete_retired(root: Path, grace_s: float = RETIRED_GRACE_S) -> list[Path]:
+    """Delete published folders retired more than ``grace_s`` ago; returns them."""
+    gone = []
+    now = time.time()
+    for mark in root.glob(f"*/{RETIRED_MARK}") if root.is_dir() else ():
+        try:
+            if now - mark.stat().st_mtime >= grace_s:
+                shutil.rmtree(mark.parent, ignore_errors=True)
+                gone.append(mark.parent)
+        except OSError:
+            continue
+    return gone
 
 
 def published_dir(job: JobConfig) -> Path:
@@ -558,19 +578,26 @@ class CoServer:
         self._prune_published()
 
     def _prune_published(self) -> None:
-        """Keep the newest ``checkpoint.keep`` published versions: older ones are withdrawn from the host (where
-        it can) and their folders deleted, so a long job does not fill the disk or the engine's adapter slots."""
+        """Keep the newest ``checkpoint.keep`` published versions servable; older ones are withdrawn from the host
+        (new requests for them are refused) and marked retired, and their folders deleted once retired for
+        :data:`RETIRED_GRACE_S`: a request already running on a version may need its folder again (an engine
+        reloads an evicted adapter from it, and fails the step if it is gone)."""
         keep = self.job.checkpoint.keep
+        root = published_dir(self.job)
         while len(self.stats.published) > keep:
             name = self.stats.published.pop(0)
             retract = getattr(self.host, "retract_adapter", None)
             if callable(retract):
                 try:
                     retract(name)
-                except Exception as exc:  # noqa: BLE001 - the folder goes anyway; clients get a 404 either way
+                except Exception as exc:  # noqa: BLE001 - it is retired anyway; clients get a 404 either way
                     log.warning("host could not withdraw adapter %s: %s", name, exc)
-            shutil.rmtree(published_dir(self.job) / name, ignore_errors=True)
-            log.info("pruned published adapter %s (checkpoint.keep=%d)", name, keep)
+            try:
+                (root / name / RETIRED_MARK).touch()
+            except OSError:
+                pass  # no folder (the host wrote none and the copy failed): nothing to serve or delete
+            log.info("retired published adapter %s (checkpoint.keep=%d)", name, keep)
+        delete_retired(root)
 
     def _republish_from_disk(self, resumed_step: int) -> None:
         """Serve again the versions an earlier run of this job published (newest ``checkpoint.keep``)."""
@@ -578,7 +605,8 @@ class CoServer:
         found = []
         for folder in root.glob(f"{self.job.adapter_name}@v*") if root.is_dir() else ():
             tail = folder.name[len(self.job.adapter_name) + 2:]
-            if tail.isdigit() and (folder / "adapter_config.json").is_file() and int(tail) != resumed_step:
+            if (tail.isdigit() and (folder / "adapter_config.json").is_file() and int(tail) != resumed_step
+                    and not (folder / RETIRED_MARK).exists()):
                 found.append((int(tail), folder))
         for version, folder in sorted(found)[-self.job.checkpoint.keep:]:
             try:

@@ -226,7 +226,7 @@ class EngineLoop:
             else:
                 co.poll()
                 self._wait(0.003 if self._accepting and not co.finished else 0.05)
-            if len(co.stats.published) != len(self.published):
+            if co.stats.published[-1:] != list(self.published[-1:]):  # pruning keeps the count constant
                 self.published = tuple(co.stats.published)
             self._maybe_log()
 

@@ -8,7 +8,8 @@ runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which also opens the
 - makes a published version servable when a client names it, by adding it to the API server's adapter table
   through the engine client (an in-process call, the same one vLLM's resolvers end in) -- only names of the form
   ``<adapter>@v<step>`` whose folder DeltaServe wrote, looked up in DeltaServe's own publish folder;
-- forgets versions whose folder was pruned (``checkpoint.keep``), in the table and in the engine;
+- forgets versions DeltaServe retired (``checkpoint.keep``) in that table, so new requests for them are refused
+  (the engine's LRU evicts their weights; removing them at once could fail a request still running on one);
 - when the operator did turn runtime loading on for their own adapters, refuses every client load or unload that
   touches DeltaServe: its names (the reserved fine-tuning adapter, the job's adapter name and anything
   ``<adapter>@...``, compared after Unicode normalisation, trimming and case folding), its folders (the checkpoint
@@ -82,7 +83,12 @@ class AdapterNamespace:
         if not isinstance(name, str) or not self._published.fullmatch(name):
             return None
         folder = self.publish_dir / name
-        return folder if (folder / "adapter_config.json").is_file() else None
+        return folder if _servable(folder) else None
+
+
+def _servable(folder: Path) -> bool:
+    # a retired version (pruned by checkpoint.keep) keeps its folder a while for requests already running on it
+    return (folder / "adapter_config.json").is_file() and not (folder / ".retired").exists()
 
 
 def installed_namespace() -> AdapterNamespace | None:
@@ -185,15 +191,13 @@ def _serving_published(original: Any) -> Any:
 
 
 async def _forget_pruned(models: Any, ns: AdapterNamespace) -> None:
-    """Drop published versions whose folder DeltaServe pruned: a request for one is then a 404, and the engine
-    frees its slot rather than keep weights nobody may request."""
+    """Drop published versions DeltaServe retired (``checkpoint.keep``): a new request for one is then a 404.
+
+    The engine keeps the adapter until its LRU evicts it: removing it now would make a request still running on
+    it reload it from a folder that is about to go, and a failed load fails the engine's step."""
     for name, req in list(models.lora_requests.items()):
-        if ns.owns_name(name) and not (Path(req.lora_path) / "adapter_config.json").is_file():
+        if ns.owns_name(name) and not _servable(Path(req.lora_path)):
             models.lora_requests.pop(name, None)
-            try:
-                await models.engine_client.remove_lora(req.lora_int_id)
-            except Exception as exc:  # noqa: BLE001 - the table entry is gone; the engine's LRU frees it later
-                log.debug("removing pruned adapter %s from the engine: %s", name, exc)
             log.info("adapter version %s was pruned; no longer served", name)
 
 

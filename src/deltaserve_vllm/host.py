@@ -126,6 +126,7 @@ class VllmHost(ChannelHooks):
         self._tmp = make_temp_dir("vllm")
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
+        self._retired: list[tuple[float, Any]] = []  # (when, LoRARequest) of pruned versions, oldest first
         self._live = InFlightRequests()
         self._closed = False
         engine_kwargs: dict[str, Any] = {
@@ -200,10 +201,16 @@ class VllmHost(ChannelHooks):
         """Stop serving published version ``name`` (the core prunes old versions): a request naming it is then
         refused as an unknown adapter, and the engine frees its LoRA slot."""
         lora = self._adapters.pop(name, None)
-        if lora is None:
-            return
-        self._engine.remove_lora(lora.lora_int_id)
-        shutil.rmtree(lora.lora_path, ignore_errors=True)
+        if lora is not None:
+            self._retired.append((time.monotonic(), lora))
+        # Requests already running on a retired version may need its folder again (an evicted adapter is
+        # reloaded from it, and a failed load fails the step): it is removed only after a grace period.
+        from deltaserve_core.coserve import RETIRED_GRACE_S
+
+        while self._retired and time.monotonic() - self._retired[0][0] >= RETIRED_GRACE_S:
+            _, old = self._retired.pop(0)
+            self._engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         ch = self._channel
