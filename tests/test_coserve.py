@@ -240,6 +240,8 @@ def test_backward_crash_is_recovered_without_touching_inference(host, dataset: P
             co.poll()
             time.sleep(0.01)
         steps_before = co.stats.optimizer_steps
+        # steps lost with the crash are redone, not counted twice: the count is the trainer's own step again
+        assert steps_before == co._adapter_version, (steps_before, co._adapter_version)
         _drive(host, co, [], until_steps=steps_before + 2)
         assert co.backward.health().alive
     assert co.stats.backward_failures == 1

@@ -5,6 +5,7 @@ checkpointed or published."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -175,7 +176,8 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co._host_work_since = {}
     co._step_ids, co._step_tokens = [], 0
     co._adapter_version = 0
-    co.job = SimpleNamespace(adapter_name="bot", checkpoint=SimpleNamespace(every_steps=0),
+    co.job = SimpleNamespace(adapter_name="bot", checkpoint=SimpleNamespace(every_steps=0, keep=3,
+                                                                        dir=tempfile.mkdtemp(prefix="nonfinite-")),
                              publish=SimpleNamespace(policy="never", every_steps=0))
     co.host = SimpleNamespace(set_finetune_adapter=lambda s: None)
     co.backward = SimpleNamespace(adapter_snapshot=lambda version: _adapter())

@@ -194,6 +194,8 @@ def _serve_flow(workdir: Path, host: str, prompts: list[object], ready_timeout: 
         assert status == 400 and "stream" in body["error"]["message"], body
         status, body = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6], "model": "no-such-model"})
         assert status == 404, body
+        status, body = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6], "model": ["a"]})
+        assert status == 400, body  # was a 500
 
         state = _wait_trained(base, timeout=180.0)
         assert state["inference"]["requests"] >= len(prompts)
@@ -245,6 +247,29 @@ def test_serve_reference(workdir: Path) -> None:
         step = int(final.name.split("-")[-1])
         names = [m["id"] for m in _http("GET", f"{server.base}/v1/models")[1]["data"]]
         assert f"job-reference@v{step}" in names, names
+        # every published version kept on disk (the newest checkpoint.keep) is served again
+        on_disk = sorted(p.name for p in (workdir / "ckpt-job-reference" / "published").iterdir()
+                         if not (p / ".retired").exists())
+        assert 0 < len(on_disk) <= 2 and set(on_disk) <= set(names), (on_disk, names)
+        status, body = _http("POST", f"{server.base}/v1/completions",
+                             {"prompt": [5, 6], "max_tokens": 1, "model": on_disk[0]})
+        assert status == 200, body
+
+        # 64 clients connecting at once are all answered (the stdlib backlog of 5 dropped a fifth of them)
+        start = threading.Barrier(64)
+        results: list[tuple[int, dict]] = []
+
+        def one(i: int) -> None:
+            start.wait(30)
+            results.append(_http("POST", f"{server.base}/v1/completions",
+                                 {"prompt": [5 + i % 50, 6], "max_tokens": 1}, timeout=120.0))
+
+        clients = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(150.0)
+        assert len(results) == 64 and all(code == 200 for code, _ in results), [c for c, _ in results]
         state = _http("GET", f"{server.base}/deltaserve/status")[1]
         assert state["pool"]["samples_completed"] > 0, state
     finally:

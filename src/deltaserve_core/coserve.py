@@ -31,19 +31,23 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .activation_buffer import ActivationBuffer
-from .adapter_state import all_finite, fresh_lora_state
+from .adapter_state import LoraAdapterState, all_finite, fresh_lora_state
 from .admission import Admission, AdmissionDecision, AdmissionReason
 from .backward_process import BackwardProcess, BackwardProcessError, BackwardReport
+from .checkpoint import check_writable_dir
+from .cleanup import clean_stale_files
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
@@ -53,9 +57,11 @@ from .slo import SLOConfig, SLOMonitor
 from .slo_margin import SLOMargin
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
-__all__ = ["CoServer", "CoServeStats"]
+__all__ = ["RETIRED_MARK", "CoServer", "CoServeStats", "delete_retired", "published_dir"]
 
 _INSTALL, _PUBLISH = "install", "publish"
+#: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
+MAX_CONSECUTIVE_SAVE_FAILURES = 3
 
 log = logging.getLogger("deltaserve")
 
@@ -86,6 +92,11 @@ class CoServeStats:
     redone_steps: int = 0
     #: why fine-tuning stopped admitting samples (None while it runs): an operator has to look
     training_paused: str | None = None
+    #: checkpoint saves that failed (unwritable or full folder); consecutive ones pause training (see CoServer)
+    save_failures: int = 0
+    consecutive_save_failures: int = 0
+    #: why training is paused for good (None: it is not); shown in status so an operator sees it
+    paused_reason: str | None = None
     # the last 512 relative errors per mode: what the MAPE is reported over, without growing per step
     estimator_errors: dict[str, deque[float]] = field(
         default_factory=lambda: {"graph": deque(maxlen=512), "eager": deque(maxlen=512)})
@@ -117,12 +128,40 @@ class CoServeStats:
             "backward_failures": self.backward_failures, "nonfinite_skipped": self.nonfinite_skipped,
             "publish_refused": self.publish_refused, "redone_steps": self.redone_steps,
             "training_paused": self.training_paused,
+            "save_failures": self.save_failures, "consecutive_save_failures": self.consecutive_save_failures,
+            "paused_reason": self.paused_reason,
             "estimator_mape": {m: self.estimator_mape(m) for m in self.estimator_errors},
             "published": list(self.published), "checkpoints": list(self.checkpoints),
             "admission_reasons": dict(self.admission_reasons), "host_work_runs": dict(self.host_work_runs),
             "host_work_forced": self.host_work_forced, "host_work_max_wait_s": self.host_work_max_wait_s,
             "backward_parts": self.backward_parts,
         }
+
+
+#: file in a published version's folder once it is pruned: clients can no longer request it
+RETIRED_MARK = ".retired"
+#: how long a retired version's folder stays for requests that were already running on it
+RETIRED_GRACE_S = 600.0
+
+
+def delete_retired(root: Path, grace_s: float = RETIRED_GRACE_S) -> list[Path]:
+    """Delete published folders retired more than ``grace_s`` ago; returns them."""
+    gone = []
+    now = time.time()
+    for mark in root.glob(f"*/{RETIRED_MARK}") if root.is_dir() else ():
+        try:
+            if now - mark.stat().st_mtime >= grace_s:
+                shutil.rmtree(mark.parent, ignore_errors=True)
+                gone.append(mark.parent)
+        except OSError:
+            continue
+    return gone
+
+
+def published_dir(job: JobConfig) -> Path:
+    """Where a job's published versions are kept (``<adapter>@v<step>`` folders): durable across restarts, pruned
+    to ``checkpoint.keep``. Under ``vllm serve`` the API server serves them from here by name."""
+    return Path(job.checkpoint.dir) / "published"
 
 
 class CoServer:
@@ -232,6 +271,8 @@ class CoServer:
         self.host_work_deadline_s = host_work_deadline_s
         # why each recent step carried what it did (step id -> AdmissionReason value), for the bench's step log
         self._step_reasons: OrderedDict[int, str] = OrderedDict()
+        self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
+        self._admission_stopped = False
 
     def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
         return self.host.graph_mode(batch)
@@ -267,6 +308,8 @@ class CoServer:
         self._started = False
 
     def _start(self) -> "CoServer":
+        check_writable_dir(self.job.checkpoint.dir, "checkpoint.dir")
+        clean_stale_files()
         dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
@@ -293,6 +336,7 @@ class CoServer:
         # due, or no step could be judged able to absorb it (the first call pays one-time loading costs).
         self._host_work_s[_INSTALL].append(_timed(lambda: self.host.set_finetune_adapter(snapshot)))
         if ready.step > 0 and self.job.publish.policy != "never":
+            self._republish_from_disk(ready.step)
             # a resumed job serves what it has trained, not only what it trains next
             self._host_work_s[_PUBLISH].append(_timed(lambda: self._publish(ready.step)))
         if self._calibrate:
@@ -371,9 +415,13 @@ class CoServer:
             if not absorb():
                 return None
         before = len(self.stats.checkpoints)
-        bw.save_checkpoint(extra=self._checkpoint_extra())
+        failures = self.stats.save_failures
+        self._save(bw)
         while len(self.stats.checkpoints) == before:
             if not absorb():
+                return None
+            if self.stats.save_failures != failures:
+                log.error("no final checkpoint: saving it failed (see the error above)")
                 return None
             if time.monotonic() > deadline:
                 log.error("no final checkpoint: the backward process did not write it within %.0f s", timeout_s)
@@ -431,6 +479,11 @@ class CoServer:
         if self.buffer is not None:
             self.buffer.request_abort()
 
+    def stop_admission(self) -> None:
+        """Admit no more fine-tuning samples (an operator's stop has begun); training already admitted finishes.
+        Safe to call from a signal handler: it only sets a flag the engine thread reads."""
+        self._admission_stopped = True
+
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
         self.poll()
         self.slo_monitor.observe(batch)
@@ -444,7 +497,9 @@ class CoServer:
         # that work, and the batch's budget was computed before it ran (an install followed by a mixed step took
         # the token gap past TPOT on the H200).
         pause: AdmissionReason | None = (AdmissionReason.BACKWARD_RECOVERING if self._recovering is not None
-                                         else AdmissionReason.TRAINING_PAUSED if self.stats.training_paused
+                                         else AdmissionReason.TRAINING_PAUSED
+                                         if self.stats.training_paused or self.stats.paused_reason
+                                         or self._admission_stopped
                                          else AdmissionReason.BACKWARD_RUNNING if bw.busy
                                          else AdmissionReason.INSTALL_PENDING if not installed
                                          else AdmissionReason.HOST_WORK_IN_STEP if host_s and not batch.is_empty
@@ -590,16 +645,30 @@ class CoServer:
             self._defer(_INSTALL, lambda: self.host.set_finetune_adapter(snapshot))
             ck = self.job.checkpoint
             if ck.every_steps and rep.step % ck.every_steps == 0:
-                bw.save_checkpoint(extra=self._checkpoint_extra())
+                self._save(bw)
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
         elif rep.kind == "nonfinite":
             self._skipped_nonfinite(rep)
         elif rep.kind == "checkpoint":
+            self._save_ids.discard(rep.cmd_id)
+            self.stats.consecutive_save_failures = 0
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
+        elif rep.kind == "error" and rep.cmd_id in self._save_ids:
+            self._save_ids.discard(rep.cmd_id)
+            self.stats.save_failures += 1
+            self.stats.consecutive_save_failures += 1
+            n = self.stats.consecutive_save_failures
+            log.error("checkpoint save failed (%d in a row, %d in all) in %s: %s", n, self.stats.save_failures,
+                      self.job.checkpoint.dir, rep.message)
+            if n >= MAX_CONSECUTIVE_SAVE_FAILURES and self.stats.paused_reason is None:
+                # Training on with nothing durable would lose every step at the next crash, silently.
+                self.stats.paused_reason = (f"{n} checkpoint saves in a row failed in {self.job.checkpoint.dir}; "
+                                            f"fine-tuning paused (inference goes on): fix the folder and restart")
+                log.error("TRAINING PAUSED: %s", self.stats.paused_reason)
         elif rep.kind in ("error", "cancelled"):
             log.error("backward process %s (it keeps running): %s", rep.kind, rep.message)
             if self.part_tokens is not None and rep.sample_ids:
@@ -613,6 +682,9 @@ class CoServer:
                 self._step_tokens = self._step_tokens if self._step_ids else 0
         elif rep.kind == "died":
             self._recover(rep.message)
+
+    def _save(self, bw: BackwardProcess) -> None:
+        self._save_ids.add(bw.save_checkpoint(extra=self._checkpoint_extra()))
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         from .preflight import resume_fields
@@ -692,8 +764,61 @@ class CoServer:
             return
         self._published_step = step
         name = self.host.publish_adapter(snapshot)
+        durable = published_dir(self.job) / name
+        if not (durable / "adapter_config.json").is_file():
+            # Hosts that publish into their own temp folder: the copy here is what a restart serves again.
+            try:
+                snapshot.save_pretrained(durable)
+            except OSError as exc:
+                log.error("published %s, but could not keep a copy in %s for restarts: %s", name, durable, exc)
+        if name in self.stats.published:
+            self.stats.published.remove(name)  # republished (a restarted job redoing a step): newest last
         self.stats.published.append(name)
         log.debug("published adapter %s", name)
+        self._prune_published()
+
+    def _prune_published(self) -> None:
+        """Keep the newest ``checkpoint.keep`` published versions servable; older ones are withdrawn from the host
+        (new requests for them are refused) and marked retired, and their folders deleted once retired for
+        :data:`RETIRED_GRACE_S`: a request already running on a version may need its folder again (an engine
+        reloads an evicted adapter from it, and fails the step if it is gone)."""
+        keep = self.job.checkpoint.keep
+        root = published_dir(self.job)
+        while len(self.stats.published) > keep:
+            name = self.stats.published.pop(0)
+            retract = getattr(self.host, "retract_adapter", None)
+            if callable(retract):
+                try:
+                    retract(name)
+                except Exception as exc:  # noqa: BLE001 - it is retired anyway; clients get a 404 either way
+                    log.warning("host could not withdraw adapter %s: %s", name, exc)
+            try:
+                (root / name / RETIRED_MARK).touch()
+            except OSError:
+                pass  # no folder (the host wrote none and the copy failed): nothing to serve or delete
+            log.info("retired published adapter %s (checkpoint.keep=%d)", name, keep)
+        delete_retired(root)
+
+    def _republish_from_disk(self, resumed_step: int) -> None:
+        """Serve again the versions an earlier run of this job published (newest ``checkpoint.keep``)."""
+        root = published_dir(self.job)
+        found = []
+        for folder in root.glob(f"{self.job.adapter_name}@v*") if root.is_dir() else ():
+            tail = folder.name[len(self.job.adapter_name) + 2:]
+            if (tail.isdigit() and (folder / "adapter_config.json").is_file() and int(tail) != resumed_step
+                    and not (folder / RETIRED_MARK).exists()):
+                found.append((int(tail), folder))
+        for version, folder in sorted(found)[-self.job.checkpoint.keep:]:
+            try:
+                state = LoraAdapterState.load_pretrained(folder, name=self.job.adapter_name, version=version)
+                name = self.host.publish_adapter(state)
+            except Exception as exc:  # noqa: BLE001 - one unreadable folder must not stop the server
+                log.warning("could not serve again published adapter %s: %s", folder, exc)
+                continue
+            self.stats.published.append(name)
+            self._published_step = max(self._published_step, version)
+        if found:
+            log.info("serving again %d adapter versions published before the restart", len(self.stats.published))
 
     def _recover(self, why: str) -> None:
         """Pause admission and restart the backward process from its newest checkpoint, off the serving path."""
@@ -726,6 +851,7 @@ class CoServer:
         while self._pending_reports:
             rep = self._pending_reports.popleft()
             if rep.kind == "recovered":
+                self._adapter_version = rep.step  # the steps after it are redone: _rewind_stats counts them once
                 pool_state = rep.extra.get("pool")
                 if pool_state:
                     self.pool.load_state_dict(pool_state)
@@ -755,6 +881,8 @@ class CoServer:
         bw = self.backward
         # pending host work (the last install or publish) keeps the job unfinished, so hosts keep offering the
         # idle step it runs in
+        if self.stats.paused_reason is not None or self.stats.training_paused is not None:
+            return not self._host_work  # nothing more will be trained: let idle hosts stop stepping
         return (self.pool.finished and bw is not None and not bw.busy and not bw.accumulating
                 and not self._pending_ids and not self._step_ids and self._recovering is None and not self._host_work)
 
@@ -773,6 +901,11 @@ class CoServer:
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
                  d["admitted_samples"], d["aborted_samples"], seen, mape, self._core_admission.safety,
                  self._core_admission.overhead_s * 1e3, self.pool.progress())
+        if self.stats.save_failures or self.stats.paused_reason:
+            # repeated in every progress line: a failing folder must not scroll out of sight after one error
+            log.warning("fine-tuning: %d checkpoint saves failed (%d in a row)%s", self.stats.save_failures,
+                        self.stats.consecutive_save_failures,
+                        f"; PAUSED: {self.stats.paused_reason}" if self.stats.paused_reason else "")
 
 
 # ---------------------------------------------------------------------------------------------- base model

@@ -228,7 +228,7 @@ class EngineLoop:
             else:
                 co.poll()
                 self._wait(0.003 if self._accepting and not co.finished else 0.05)
-            if len(co.stats.published) != len(self.published):
+            if co.stats.published[-1:] != list(self.published[-1:]):  # pruning keeps the count constant
                 self.published = tuple(co.stats.published)
             self._maybe_log()
 
@@ -444,7 +444,11 @@ class _Frontend:
 def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "deltaserve"
-        timeout = 60  # a client that stops sending its request does not hold a thread forever
+        # Keep-alive, as OpenAI clients expect (a new TCP connection per request costs them a handshake). The
+        # socket timeout is also the idle keep-alive timeout (uvicorn's default, 5 s): a client that stops
+        # sending holds a thread that long, and a stop waits at most that long for idle connections.
+        protocol_version = "HTTP/1.1"
+        timeout = 5
 
         def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
             log.debug("%s %s", self.address_string(), format % args)
@@ -454,10 +458,14 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.Ba
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection or not loop.accepting:
+                self.send_header("Connection", "close")  # also sets close_connection
             self.end_headers()
             self.wfile.write(data)
 
         def _error(self, err: _HttpError) -> None:
+            # the request's body may be unread: the connection cannot carry another request
+            self.close_connection = True
             self._send(err.status, {"error": {"message": str(err), "type": err.kind, "code": err.status}})
 
         def do_GET(self) -> None:  # stdlib name
@@ -503,6 +511,9 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.Ba
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = False  # server_close() joins handler threads: in-flight answers are written before exit
     block_on_close = True
+    # The stdlib default backlog (5) dropped a fifth of 64 concurrent connections; engines' own servers queue
+    # thousands (uvicorn: 2048).
+    request_queue_size = 2048
 
 
 # ------------------------------------------------------------------------------------------------ wiring
@@ -647,6 +658,11 @@ def run_serve(args: argparse.Namespace) -> int:
             raise holder["error"]
         if loop.error is not None:
             print(f"[serve] the engine failed: {loop.error}", file=sys.stderr)
+            return 1
+        if holder.get("final_checkpoint") is None:
+            # training since the last checkpoint is lost: an operator's scripts must see that, not exit 0
+            print("[serve] stopped without a final checkpoint (see the errors above): the next start resumes from "
+                  "the last checkpoint written", file=sys.stderr, flush=True)
             return 1
         ft, inf = holder.get("stats", {}), loop.stats.as_dict()
         attained = "n/a" if inf["slo_attainment"] is None else f"{inf['slo_attainment'] * 100:.1f}%"

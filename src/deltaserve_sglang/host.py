@@ -23,7 +23,6 @@ import itertools
 import os
 import random
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.cleanup import make_temp_dir
 from deltaserve_core.driver import (
     ClientOutput,
     ClientRequest,
@@ -115,7 +115,7 @@ class SglangHost:
 
         self.config = config
         self._version = version
-        self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-sglang-"))
+        self._tmp = make_temp_dir("sglang")
         self._live = InFlightRequests()
         self._inbox: list[Any] = []
         self._adapters: dict[str, str] = {}  # client-visible name -> SGLang lora_id

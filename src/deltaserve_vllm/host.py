@@ -36,13 +36,13 @@ import itertools
 import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.cleanup import make_temp_dir
 from deltaserve_core.driver import (
     ClientOutput,
     ClientRequest,
@@ -123,9 +123,10 @@ class VllmHost(ChannelHooks):
         self._engine_version = version
         self._dist = dist
         self._channel = open_channel()
-        self._tmp = Path(tempfile.mkdtemp(prefix="deltaserve-vllm-"))
+        self._tmp = make_temp_dir("vllm")
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
+        self._retired: list[tuple[float, Any]] = []  # (when, LoRARequest) of pruned versions, oldest first
         self._live = InFlightRequests()
         self._closed = False
         engine_kwargs: dict[str, Any] = {
@@ -195,6 +196,21 @@ class VllmHost(ChannelHooks):
         state.save_pretrained(path)
         self._register_adapter(name, str(path))
         return name
+
+    def retract_adapter(self, name: str) -> None:
+        """Stop serving published version ``name`` (the core prunes old versions): a request naming it is then
+        refused as an unknown adapter, and the engine frees its LoRA slot."""
+        lora = self._adapters.pop(name, None)
+        if lora is not None:
+            self._retired.append((time.monotonic(), lora))
+        # Requests already running on a retired version may need its folder again (an evicted adapter is
+        # reloaded from it, and a failed load fails the step): it is removed only after a grace period.
+        from deltaserve_core.coserve import RETIRED_GRACE_S
+
+        while self._retired and time.monotonic() - self._retired[0][0] >= RETIRED_GRACE_S:
+            _, old = self._retired.pop(0)
+            self._engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         ch = self._channel

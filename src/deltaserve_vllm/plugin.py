@@ -17,11 +17,14 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
   :mod:`deltaserve_vllm.host`), with the DeltaServe scheduler class matching the engine loop vLLM settles on,
   and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) and no torch.compile, as
   :class:`~deltaserve_vllm.host.VllmHost` does;
-- a LoRA resolver so clients can request each published adapter version by name (``<adapter>@v<step>``); vLLM
-  consults resolvers only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` on, which this turns on unless the job never
-  publishes (note: that also enables vLLM's ``/v1/load_lora_adapter`` endpoints).
+- in the API server process, :mod:`.guard`: clients request each published adapter version by name
+  (``<adapter>@v<step>``) with vLLM's runtime LoRA loading left exactly as the operator set it, and, where the
+  operator turned it on, no client load or unload can touch DeltaServe's names, folders or versions;
+- ``shutdown_timeout`` of at least ``shutdown_grace_s`` (default 30 s), so that on SIGINT/SIGTERM the API server
+  gives the EngineCore time to write the final checkpoint before it kills it.
 
-Optional settings next to ``job``: ``log_every_s`` (default 10), the interval of the fine-tuning progress line.
+Optional settings next to ``job``: ``log_every_s`` (default 10), the interval of the fine-tuning progress line;
+``shutdown_grace_s`` (default 30), the least ``--shutdown-timeout`` DeltaServe runs with.
 
 Everything is checked before the engine starts: the job config is parsed (a bad one is refused with the field
 and the fix), the vLLM version must be a supported one, and settings DeltaServe cannot run with (a different
@@ -32,12 +35,12 @@ The patch this applies is listed in docs/vllm-adapter.md.
 from __future__ import annotations
 
 import logging
+import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PublishedAdapterResolver", "configure_engine_args", "register"]
+__all__ = ["DEFAULT_SHUTDOWN_GRACE_S", "configure_engine_args", "register"]
 
 log = logging.getLogger("deltaserve.vllm")
 
@@ -46,6 +49,9 @@ _ASYNC_SCHEDULER = "deltaserve_vllm.scheduler.AsyncDeltaServeScheduler"
 _WORKER_EXTENSION = "deltaserve_vllm.worker.DeltaServeWorkerExtension"
 _EXECUTOR = "deltaserve_vllm.serving.DeltaServeExecutor"
 _MARK = "__deltaserve_wrapped__"
+#: the least ``shutdown_timeout`` under DeltaServe: vLLM's API server force-kills the EngineCore this long after
+#: it asks it to stop (at once with vLLM's default 0), and the final checkpoint is written in that window.
+DEFAULT_SHUTDOWN_GRACE_S = 30
 
 
 def register() -> None:
@@ -141,11 +147,23 @@ def configure_engine_args(args: Any) -> bool:
             compilation["mode"] = 0
         else:
             compilation.mode = 0
+    grace = settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 < grace <= 3600:
+        raise ValueError(f'--additional-config "deltaserve": shutdown_grace_s must be a number of seconds in '
+                         f'(0, 3600], got {grace!r}')
+    if int(getattr(args, "shutdown_timeout", 0) or 0) < grace:
+        # vLLM's default (0) aborts requests and kills the EngineCore at once: no final checkpoint. Drain mode
+        # bounds in-flight requests and the checkpoint by one timeout the operator can see in the log.
+        log.info("DeltaServe: shutdown_timeout raised from %s to %d s so the engine can write its final "
+                 "checkpoint on SIGINT/SIGTERM", getattr(args, "shutdown_timeout", 0), math.ceil(grace))
+        args.shutdown_timeout = math.ceil(grace)
     extra[CONFIG_KEY] = SERVE_KEY
-    if job.publish.policy != "never":
-        from .serving import published_dir
+    from .guard import AdapterNamespace, install
+    from .serving import published_dir
 
-        _register_resolver(published_dir(job), job.adapter_name)
+    # Runtime LoRA loading stays as the operator set it (VLLM_ALLOW_RUNTIME_LORA_UPDATING): published versions
+    # are served through the guard, in this process, and never through the public load endpoint.
+    install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, published_dir(job)))
     log.info("DeltaServe enabled: job %s (adapter %s)", job_path, job.adapter_name)
     return True
 
@@ -154,36 +172,3 @@ def _match_scheduler_to_loop(config: Any) -> None:
     """Pair the scheduler class with the engine loop vLLM settled on (as vLLM pairs its own two schedulers)."""
     scheduler = config.scheduler_config
     scheduler.scheduler_cls = _ASYNC_SCHEDULER if scheduler.async_scheduling else _SCHEDULER
-
-
-def _register_resolver(root: Path, adapter_name: str) -> None:
-    from vllm.lora.resolver import LoRAResolverRegistry
-
-    os.environ["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    LoRAResolverRegistry.register_resolver("DeltaServe published adapters",
-                                           PublishedAdapterResolver(root, adapter_name))
-
-
-def _resolver_base() -> type:
-    from vllm.lora.resolver import LoRAResolver
-
-    return LoRAResolver
-
-
-class PublishedAdapterResolver(_resolver_base()):  # type: ignore[misc]
-    """Resolves a client's ``model`` of the form ``<adapter>@v<step>`` to the published folder of that version."""
-
-    def __init__(self, root: Path, adapter_name: str) -> None:
-        self.root = Path(root)
-        self._pattern = re.compile(re.escape(adapter_name) + r"@v\d+")
-
-    async def resolve_lora(self, base_model_name: str, lora_name: str) -> Any:
-        from vllm.lora.request import LoRARequest
-
-        if not self._pattern.fullmatch(lora_name):
-            return None
-        path = self.root / lora_name
-        if not (path / "adapter_config.json").is_file():
-            return None
-        # The API server replaces the id with its own counter's next value.
-        return LoRARequest(lora_name=lora_name, lora_int_id=1, lora_path=str(path))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -63,9 +64,11 @@ _IDLE_RETRY_S = 0.002
 
 
 def published_dir(job: JobConfig) -> Path:
-    """Where published adapter versions are written (``<name>@v<step>`` folders); the API server's resolver
-    (see :mod:`.plugin`) serves a version to clients by that folder name."""
-    return Path(job.checkpoint.dir) / "published"
+    """Where published adapter versions are written (``<name>@v<step>`` folders); the API server's guard
+    (:mod:`.guard`) serves a version to clients by that folder name."""
+    from deltaserve_core.coserve import published_dir as core_published_dir
+
+    return core_published_dir(job)
 
 
 def _executor_base() -> type:
@@ -167,14 +170,47 @@ class ServeRuntime:
                                  log_every_s=float(settings.get("log_every_s", 10.0)))
         self._fruitless_idle = False
         self._stopped = False
+        self._stop_signalled_at: float | None = None
+        self._shutdown_timeout_s = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
         self._lock = threading.Lock()
 
     def start(self) -> None:
         self.coserver.start()
         self.channel.idle_source = self.wants_idle_step
         atexit.register(self.stop)
+        self._chain_stop_signals()
         log.info("DeltaServe co-serving started in the vLLM engine: dataset %s, adapter %s, checkpoints in %s",
                  self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
+
+    def _chain_stop_signals(self) -> None:
+        """Stop fine-tuning's idle steps and admission as soon as the EngineCore is told to stop.
+
+        vLLM's EngineCore handles SIGINT/SIGTERM itself: it leaves its loop once the scheduler has no work. The
+        idle step would be work forever (the job trains while vLLM has no request), so the engine was killed by
+        the API server's timeout before the executor's shutdown -- where the final checkpoint is written -- ran.
+        This handler runs first, then vLLM's."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("DeltaServe runtime started off the main thread: a stop signal will not pause fine-tuning "
+                        "before vLLM's shutdown")
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum)
+
+            def handler(num: int, frame: Any, previous: Any = previous) -> None:
+                self.begin_stop()
+                if callable(previous):
+                    previous(num, frame)
+                elif previous == signal.SIG_DFL:
+                    raise SystemExit(128 + num)
+
+            signal.signal(signum, handler)
+
+    def begin_stop(self) -> None:
+        """Admit no more fine-tuning and end idle steps; the final checkpoint follows in :meth:`stop`. Only sets
+        flags (it runs in a signal handler)."""
+        if self._stop_signalled_at is None:
+            self._stop_signalled_at = time.monotonic()
+        self.coserver.stop_admission()
 
     def wants_idle_step(self) -> bool:
         """Asked by the scheduler's ``has_requests`` when vLLM has no request: should the loop step anyway?
@@ -182,7 +218,7 @@ class ServeRuntime:
         Yes while the job has work. When the previous idle step ran nothing, wait a little first: the loop
         would otherwise spin on a CPU the backward process may need, and the wait bounds how late a client
         request arriving meanwhile is noticed."""
-        if self._stopped or self.coserver.finished:
+        if self._stopped or self._stop_signalled_at is not None or self.coserver.finished:
             return False
         if self._fruitless_idle:
             time.sleep(_IDLE_RETRY_S)
@@ -195,8 +231,20 @@ class ServeRuntime:
                 return
             self._stopped = True
         self.channel.idle_source = None
+        if threading.current_thread() is threading.main_thread():
+            # vLLM restores the default handlers before it tears the engine down, and a Ctrl-C (or systemd's
+            # SIGTERM to the whole group) reaches this process once directly and once more from the API server:
+            # that second signal would kill it mid-checkpoint. The API server's SIGKILL still bounds the stop.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+        timeout = 60.0
+        if self._stop_signalled_at is not None and self._shutdown_timeout_s > 0:
+            # The API server kills this process shutdown_timeout after it signalled it: stay inside that window
+            # (a running backward batch that does not finish in time is cancelled, the checkpoint still written).
+            left = self._shutdown_timeout_s - (time.monotonic() - self._stop_signalled_at)
+            timeout = max(1.0, left * 0.5)
         try:
-            self.coserver.shutdown()
+            self.coserver.shutdown(timeout_s=timeout)
         finally:
             shutil.rmtree(self._work, ignore_errors=True)
 

@@ -158,6 +158,10 @@ class ReferenceHost:
         self._adapters[name] = self._to_lora(state)
         return name
 
+    def retract_adapter(self, name: str) -> None:
+        """Stop serving published version ``name`` (the core prunes old versions)."""
+        self._adapters.pop(name, None)
+
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         gen = torch.Generator().manual_seed(len(shape.prefill_lengths) * 7919 + shape.num_decode)
         vocab = self.model.config.vocab_size

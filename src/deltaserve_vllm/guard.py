@@ -1,0 +1,221 @@
+"""What a client of ``vllm serve`` may do with DeltaServe's adapters: request published versions, nothing else.
+
+DeltaServe publishes each adapter version as a folder (``<checkpoint dir>/published/<adapter>@v<step>``) written
+by the EngineCore process. Clients must reach those versions by name without the operator turning on vLLM's
+runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which also opens the unauthenticated
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` endpoints). So this module, in the API server process:
+
+- makes a published version servable when a client names it, by adding it to the API server's adapter table
+  through the engine client (an in-process call, the same one vLLM's resolvers end in) -- only names of the form
+  ``<adapter>@v<step>`` whose folder DeltaServe wrote, looked up in DeltaServe's own publish folder;
+- forgets versions DeltaServe retired (``checkpoint.keep``) in that table, so new requests for them are refused
+  (the engine's LRU evicts their weights; removing them at once could fail a request still running on one);
+- when the operator did turn runtime loading on for their own adapters, refuses every client load or unload that
+  touches DeltaServe: its names (the reserved fine-tuning adapter, the job's adapter name and anything
+  ``<adapter>@...``, compared after Unicode normalisation, trimming and case folding), its folders (the checkpoint
+  folder and everything under it, symlinks resolved) and the versions it serves (no ``load_inplace`` over them).
+
+A refused load and a failed load answer alike (400, one message naming only the client's adapter name), so the
+endpoint cannot be used to learn which server paths exist; the real cause goes to the server log.
+
+:func:`install` patches vLLM's ``OpenAIServingModels.load_lora_adapter`` / ``unload_lora_adapter`` and the
+servings' ``_check_model``; the record is in docs/vllm-adapter.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import unicodedata
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+__all__ = ["AdapterNamespace", "install", "installed_namespace"]
+
+log = logging.getLogger("deltaserve.vllm")
+
+_MARK = "__deltaserve_guard__"
+_STATE: dict[str, AdapterNamespace] = {}
+
+
+def _fold(name: str) -> str:
+    # NFKC + casefold: fullwidth or differently cased spellings of a name are the same name to a reader, and
+    # some adapter stores compare case-insensitively.
+    return unicodedata.normalize("NFKC", name).strip().casefold()
+
+
+class AdapterNamespace:
+    """DeltaServe's names and folders in one server: what clients may request and may never load over."""
+
+    def __init__(self, adapter_name: str, checkpoint_dir: str | os.PathLike[str],
+                 publish_dir: str | os.PathLike[str]) -> None:
+        self.adapter_name = adapter_name
+        self.checkpoint_dir = Path(os.path.realpath(checkpoint_dir))
+        self.publish_dir = Path(os.path.realpath(publish_dir))
+        self._folded = _fold(adapter_name)
+        self._published = re.compile(re.escape(adapter_name) + r"@v(\d+)")
+
+    def owns_name(self, name: Any) -> bool:
+        """Whether ``name`` is, or could be mistaken for, one of DeltaServe's adapters."""
+        if not isinstance(name, str):
+            return False
+        folded = _fold(name)
+        return (folded in (_fold(RESERVED_ADAPTER_NAME), self._folded)
+                or folded.startswith(self._folded + "@") or "__deltaserve" in folded)
+
+    def owns_path(self, path: Any) -> bool:
+        """Whether ``path`` (as a client wrote it, relative to this process) is DeltaServe's folder or under it."""
+        if not isinstance(path, str) or not path:
+            return False
+        try:
+            real = Path(os.path.realpath(os.path.expanduser(path)))
+        except (OSError, ValueError):
+            return True  # unresolvable (NUL byte, loop): not ours to prove safe
+        return any(real == root or root in real.parents for root in (self.checkpoint_dir, self.publish_dir))
+
+    def published_folder(self, name: Any) -> Path | None:
+        """The folder of published version ``name`` (exact spelling only), or None if DeltaServe has none."""
+        if not isinstance(name, str) or not self._published.fullmatch(name):
+            return None
+        folder = self.publish_dir / name
+        return folder if _servable(folder) else None
+
+
+def _servable(folder: Path) -> bool:
+    # a retired version (pruned by checkpoint.keep) keeps its folder a while for requests already running on it
+    return (folder / "adapter_config.json").is_file() and not (folder / ".retired").exists()
+
+
+def installed_namespace() -> AdapterNamespace | None:
+    """The namespace :func:`install` guards in this process (None: DeltaServe is not enabled here)."""
+    return _STATE.get("namespace")
+
+
+def install(namespace: AdapterNamespace) -> None:
+    """Guard vLLM's adapter endpoints and serve published versions by name, in this (API server) process.
+
+    Idempotent; a later call replaces the namespace (one DeltaServe job per server)."""
+    _STATE["namespace"] = namespace
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    _wrap(OpenAIServingModels, "load_lora_adapter", _guarded_load)
+    _wrap(OpenAIServingModels, "unload_lora_adapter", _guarded_unload)
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+
+    _wrap(BaseServing, "_check_model", _serving_published)
+    try:
+        from vllm.entrypoints.pooling.base.serving import PoolingBaseServing
+    except ImportError:  # pragma: no cover - a vLLM without pooling servings
+        return
+    if "_check_model" in vars(PoolingBaseServing):  # it overrides BaseServing's, so it needs its own wrap
+        _wrap(PoolingBaseServing, "_check_model", _serving_published)
+
+
+def _wrap(cls: type, attr: str, make: Any) -> None:
+    original = vars(cls)[attr]
+    if getattr(original, _MARK, False):
+        return
+    wrapped = make(original)
+    functools.update_wrapper(wrapped, original)
+    setattr(wrapped, _MARK, True)
+    setattr(cls, attr, wrapped)
+
+
+def _error(message: str, status: HTTPStatus, kind: str) -> Any:
+    from vllm.entrypoints.serve import create_error_response
+
+    return create_error_response(message=message, err_type=kind, status_code=status)
+
+
+def _load_refused(name: Any) -> Any:
+    return _error(f"The LoRA adapter {name!r} could not be loaded.", HTTPStatus.BAD_REQUEST, "BadRequestError")
+
+
+def _guarded_load(original: Any) -> Any:
+    async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
+        ns = installed_namespace()
+        if ns is None:
+            return await original(self, request, base_model_name)
+        name = getattr(request, "lora_name", None)
+        current = self.lora_requests.get(name) if isinstance(name, str) else None
+        if (ns.owns_name(name) or ns.owns_path(getattr(request, "lora_path", None))
+                or (current is not None and ns.owns_path(current.lora_path))):
+            log.warning("refused a client load of LoRA adapter %r from %r: DeltaServe's names and folders are not "
+                        "loadable through the API", name, getattr(request, "lora_path", None))
+            return _load_refused(name)
+        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+        result = await original(self, request, base_model_name)
+        if isinstance(result, ErrorResponse) and result.error.code != HTTPStatus.BAD_REQUEST:
+            # vLLM answers a missing folder 404 and an unreadable one 500 with the OS error: a path probe.
+            log.warning("loading LoRA adapter %r from %r failed: %s", name, getattr(request, "lora_path", None),
+                        result.error.message)
+            return _load_refused(name)
+        return result
+
+    return load_lora_adapter
+
+
+def _guarded_unload(original: Any) -> Any:
+    async def unload_lora_adapter(self: Any, request: Any) -> Any:
+        ns = installed_namespace()
+        if ns is None:
+            return await original(self, request)
+        name = getattr(request, "lora_name", None)
+        current = self.lora_requests.get(name) if isinstance(name, str) else None
+        if ns.owns_name(name) or (current is not None and ns.owns_path(current.lora_path)):
+            log.warning("refused a client unload of LoRA adapter %r: DeltaServe's versions are not unloadable "
+                        "through the API", name)
+            # the same answer as for a name that was never loaded
+            return _error(f"The lora adapter {name!r} cannot be found.", HTTPStatus.NOT_FOUND, "NotFoundError")
+        return await original(self, request)
+
+    return unload_lora_adapter
+
+
+def _serving_published(original: Any) -> Any:
+    async def _check_model(self: Any, request: Any) -> Any:
+        ns = installed_namespace()
+        models = getattr(self, "models", None)
+        if ns is not None and hasattr(models, "lora_requests") and hasattr(models, "engine_client"):
+            await _forget_pruned(models, ns)
+            await _admit_published(models, ns, getattr(request, "model", None))
+        return await original(self, request)
+
+    return _check_model
+
+
+async def _forget_pruned(models: Any, ns: AdapterNamespace) -> None:
+    """Drop published versions DeltaServe retired (``checkpoint.keep``): a new request for one is then a 404.
+
+    The engine keeps the adapter until its LRU evicts it: removing it now would make a request still running on
+    it reload it from a folder that is about to go, and a failed load fails the engine's step."""
+    for name, req in list(models.lora_requests.items()):
+        if ns.owns_name(name) and not _servable(Path(req.lora_path)):
+            models.lora_requests.pop(name, None)
+            log.info("adapter version %s was pruned; no longer served", name)
+
+
+async def _admit_published(models: Any, ns: AdapterNamespace, name: Any) -> None:
+    folder = ns.published_folder(name)
+    if folder is None or name in models.lora_requests:
+        return
+    from vllm.lora.request import LoRARequest
+
+    async with models.lora_resolver_lock[name]:
+        if name in models.lora_requests:
+            return
+        # the API server numbers adapters from its own counter; the reserved adapter's id is far above it
+        req = LoRARequest(lora_name=name, lora_int_id=models.lora_id_counter.inc(1), lora_path=str(folder))
+        try:
+            await models.engine_client.add_lora(req)
+        except Exception as exc:  # noqa: BLE001 - the client gets vLLM's 404 for an unknown model
+            log.warning("published adapter %s could not be loaded: %s", name, exc)
+            return
+        models.lora_requests[name] = req
+        log.info("serving published adapter %s", name)
