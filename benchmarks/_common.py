@@ -22,6 +22,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
+from deltaserve_core.bench import source_commit  # noqa: E402  (after the path above)
+
 __all__ = ["ROOT", "RESULTS", "command_line", "machine_info", "load_average", "write_json"]
 
 
@@ -57,6 +59,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_average": load_average(),
+        "commit": source_commit(),
     }
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:

@@ -63,6 +63,7 @@ import torch  # noqa: E402
 
 from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward  # noqa: E402
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec  # noqa: E402
+from deltaserve_core.bench import source_commit  # noqa: E402
 from deltaserve_core.lora_backward import (  # noqa: E402
     LoraBackward,
     TrainerConfig,
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> dict:
         "lora": {"r": 16, "alpha": 32, "targets": list(TARGETS)},
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
                         "threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                        "cpu_count": os.cpu_count()},
+                        "cpu_count": os.cpu_count(), "commit": source_commit()},
         "goal_ratio": 0.9,
         "activation_offload_to_host": bool(args.offload and device.type == "cuda"),
         "notes": ("llama8b-shape uses random weights (no checkpoint reachable); speed equals real weights"

@@ -292,3 +292,16 @@ def test_step_recorder_writes_each_steps_reason() -> None:
     assert [s.reason for s in rec.steps] == ["admitted", "install_pending", ""]
     assert asked == [1, 2, 3, 4] and not reasons
     assert step_row("deltaserve", rec.steps[1])["ft_reason"] == "install_pending"
+
+
+def test_every_result_names_the_commit_it_ran_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from deltaserve_core.bench import source_commit
+
+    monkeypatch.delenv("DELTASERVE_COMMIT", raising=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    got = source_commit()
+    assert got is not None and got.split("+")[0] == head  # tests run from a clone (CI: a fresh one)
+    monkeypatch.setenv("DELTASERVE_COMMIT", "abc1234")  # the GPU machine's copy has no .git: the call passes it
+    assert source_commit() == "abc1234"

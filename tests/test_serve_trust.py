@@ -21,6 +21,7 @@ import pytest
 
 from deltaserve_core.checkpoint import check_writable_dir, clean_stale
 from deltaserve_core.cleanup import clean_stale_files, make_temp_dir
+from test_coserve import host  # noqa: F401  (the reference host, one per module)
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -104,14 +105,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def host(tiny_model: Path):  # noqa: ANN201
-    from deltaserve_core.driver import HostConfig
-    from deltaserve_core.registry import create_host
-
-    h = create_host("reference", HostConfig(model=str(tiny_model)))
-    yield h
-    h.shutdown()
 
 
 def _job(dataset: Path, ckpt: Path, **over):  # noqa: ANN003, ANN202

@@ -12,6 +12,9 @@
 #   there: last call with carry=[".whl/p5", ".whl/x"]:
 #          source .whl/p5/device-install.sh && bash benchmarks/gpu/bench_h200.sh
 #
+# DELTASERVE_COMMIT: pass the hash of the code you carried (`git rev-parse HEAD` here) -- the device's copy of the
+#   tree has no .git, and every result JSON names its commit (environment.commit).
+#
 # Knobs (environment):
 #   TRACES         space-separated: burst-light, burst-dense, production, or trace files (default: "burst-light
 #                  $X/conversation_trace.jsonl" -- burst-light and a Mooncake window in one call). TRACE=... (one

