@@ -22,6 +22,11 @@
 #   SYSTEMS        comma list (default bare,deltaserve,static_mps; add idle_only,llmstation,paper_rule,no_interrupt
 #                  when the budget allows: each co-server costs ~2 x (15-20 s start-up + the window)). split_pool is refused on one GPU (the in-process engine cannot be capped;
 #                  docs/benchmarks.md).
+#                  stock,stock_ds_config: vLLM as shipped (its defaults: compile, its CUDA-graph mode, V2 runner,
+#                  async scheduling, prefix caching) and vLLM given DeltaServe's engine settings, each in a child
+#                  process beside the host (~1.5-2 min of start-up each with compilation); the inference tax
+#                  (bench JSON "inference_tax") is measured against stock.
+#   SATURATION     requests served all at once after bare's and the stock systems' replay (default 0: none).
 #   STATIC_SHARES  MPS shares (%) of the static_mps trainer, one system per share (default 25,50,75).
 #   SLO_REGIMES    paper,tight (default): every co-served system runs once per regime; the trainer baselines run once
 #                  and are judged under both. tight is derived from the bare run of the same trace.
@@ -61,6 +66,8 @@ GPU_UTIL=${GPU_UTIL:-0.45}
 MAX_BATCH_TOKENS=${MAX_BATCH_TOKENS:-4096}  # chunked-prefill token budget: 8192 makes a full step ~190 ms, past the paper TPOT for bare itself
 BWD_TOKENS=${BWD_TOKENS:-256}     # tokens per optimizer step, every fine-tuning system alike
 BUFFER=${BUFFER:-2048}            # activation buffer S_max
+STOCK_TIMEOUT=${STOCK_TIMEOUT:-300}  # seconds a stock engine may take before it counts as failed (results kept)
+SATURATION=${SATURATION:-0}       # requests at once after bare's/stock's replay (throughput at saturation)
 DEDICATED=${DEDICATED:-6}        # seconds of the packed PEFT trainer alone (the harvest denominator)
 PREFIX=${NAME:-bench_vllm_llama8b-shape}
 MODEL=${MODEL:-/tmp/llama8b-shape}
@@ -117,7 +124,8 @@ for TR in $TRACES; do
     --trace "$TR" "${EXTRA[@]}" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
     --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens "$MAX_BATCH_TOKENS" --slo-regime "$SLO_REGIMES" \
     --option gpu_memory_utilization=$GPU_UTIL --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
-    --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "$SYSTEMS" \
+    --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "$SYSTEMS" --saturation "$SATURATION" \
+    --stock-timeout "$STOCK_TIMEOUT" \
     --out "$OUT" --name "${PREFIX}_$TAG" --no-progress 2>&1 \
     | grep -v -E "Warning|warn\(|^\s*$" | tee "$OUT/${PREFIX}_$TAG.log" | tail -40
 done

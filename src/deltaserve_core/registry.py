@@ -42,7 +42,9 @@ class HostSpec:
     ``factory`` is ``"module:callable"``; the callable takes a :class:`HostConfig` and returns an object that
     implements :class:`HostHooks` and :class:`HostDriver`. ``engine_distributions`` are the pip
     distributions whose presence means the engine is installed (the first one found gives the version);
-    ``supported`` is the PEP 440 range the adapter is tested against.
+    ``supported`` is the PEP 440 range the adapter is tested against. ``stock`` is ``"module:callable"`` of the
+    engine run as shipped, without DeltaServe (the bench's ``stock`` systems; see ``deltaserve_vllm.stock.run_stock``
+    for the signature), or empty where the host has none.
     """
 
     name: str
@@ -53,6 +55,7 @@ class HostSpec:
     supported: str = ""
     notes: str = ""
     static_capabilities: dict[str, object] = field(default_factory=dict)
+    stock: str = ""
 
     def engine_version(self) -> str | None:
         if not self.engine_distributions:
@@ -81,16 +84,26 @@ class HostSpec:
         return None
 
     def load_factory(self) -> Callable[[HostConfig], object]:
+        return self._load(self.factory)
+
+    def load_stock(self) -> Callable[..., dict[str, object]]:
+        """The engine-as-shipped runner (``stock``); raises ``HostUnavailableError`` where the host has none."""
+        if not self.stock:
+            raise HostUnavailableError(f"host {self.name!r} has no stock engine to compare with (the stock systems "
+                                       "run an engine as shipped, without DeltaServe)")
+        return self._load(self.stock)
+
+    def _load(self, target: str) -> Callable[..., object]:  # type: ignore[type-arg]
         problem = self.version_problem()
         if problem:
             raise HostUnavailableError(f"host {self.name!r}: {problem}")
-        module_name, _, attr = self.factory.partition(":")
+        module_name, _, attr = target.partition(":")
         try:
             module = importlib.import_module(module_name)
             return getattr(module, attr)
         except Exception as exc:  # the adapter itself is broken: say which and how to reinstall
             raise HostUnavailableError(
-                f"host {self.name!r}: importing its adapter {self.factory} failed ({type(exc).__name__}: {exc}); "
+                f"host {self.name!r}: importing its adapter {target} failed ({type(exc).__name__}: {exc}); "
                 f"reinstall with: {self.install_command}"
             ) from exc
 

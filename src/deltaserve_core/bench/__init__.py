@@ -7,15 +7,20 @@
   trainer-alone rate that harvest divides by);
 - :mod:`.metrics`: per-request and per-system metrics, JSON/CSV output;
 - :mod:`.plots`: Figure 5-style PNG;
+- the ``stock`` systems: the engine as shipped, from the host's registry entry (``HostSpec.stock``);
 - :mod:`.runner`: one run over every system, and the ``deltaserve bench`` command.
 """
 
 #: Every system family the harness runs. ``static_mps`` and ``split_pool`` take a share (``static_mps@25``).
-SYSTEMS = ("bare", "deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation", "static_mps", "split_pool")
+SYSTEMS = ("bare", "deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation", "static_mps", "split_pool",
+           "stock", "stock_ds_config")
 #: Systems that attach a CoServer to the host.
 COSERVED = ("deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation")
 #: A trainer process beside the bare host (no DeltaServe): what an operator runs instead.
 TRAINER_BASELINES = ("static_mps", "split_pool")
+#: The engine as shipped, without DeltaServe, in a child process (the inference tax is measured against ``stock``;
+#: ``stock_ds_config`` is the same engine given DeltaServe's engine settings). Opt-in: not part of ``--systems all``.
+STOCK = ("stock", "stock_ds_config")
 #: The systems DeltaServe's headline ratio is taken against (the best of those that held 100 % SLO).
 HEADLINE_BASELINES = ("static_mps", "split_pool", "idle_only", "llmstation", "paper_rule")
 
@@ -25,7 +30,7 @@ def family(system: str) -> str:
     return system.split("/", 1)[0].split("@", 1)[0]
 
 
-__all__ = ["COSERVED", "HEADLINE_BASELINES", "SYSTEMS", "TRAINER_BASELINES", "family", "source_commit"]
+__all__ = ["COSERVED", "HEADLINE_BASELINES", "STOCK", "SYSTEMS", "TRAINER_BASELINES", "family", "source_commit"]
 
 
 def source_commit() -> str | None:

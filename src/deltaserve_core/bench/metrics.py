@@ -131,6 +131,7 @@ def summarize(run: SystemRun, *, ttft_s: float, tpot_s: float, avg_tpot_s: float
     e2e = [r.e2e_s for r in reqs]
     ttft = [r.ttft_s for r in reqs]
     max_tpot = [max(r.tpots_s, default=0.0) for r in reqs]
+    mean_tpot = [sum(r.tpots_s) / len(r.tpots_s) for r in reqs if r.tpots_s]
     ok = [r.meets(ttft_s, tpot_s, avg_tpot_s) for r in reqs]
     errs: dict[str, list[float]] = {}
     for s in run.steps:
@@ -161,6 +162,11 @@ def summarize(run: SystemRun, *, ttft_s: float, tpot_s: float, avg_tpot_s: float
         "mean_e2e_s": _mean(e2e), "p95_e2e_s": percentile(e2e, 95),
         "mean_ttft_s": _mean(ttft), "p95_ttft_s": percentile(ttft, 95),
         "p95_max_tpot_s": percentile(max_tpot, 95), "max_tpot_s": max(max_tpot, default=math.nan),
+        # vLLM's benchmark conventions: TPOT = a request's mean time per output token after the first, ITL = every
+        # gap between tokens pooled
+        "p50_ttft_s": percentile(ttft, 50), "p99_ttft_s": percentile(ttft, 99),
+        "p50_tpot_s": percentile(mean_tpot, 50), "p99_tpot_s": percentile(mean_tpot, 99),
+        "p99_itl_s": percentile([g for r in reqs for g in r.tpots_s], 99),
         "estimator_error": _mean(all_errs) if all_errs else None,
         "estimator_error_by_mode": {m: _mean(v) for m, v in errs.items()},
         "estimator_steps": len(all_errs),

@@ -29,12 +29,13 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import COSERVED, SYSTEMS, source_commit, TRAINER_BASELINES, family
+from . import COSERVED, STOCK, SYSTEMS, TRAINER_BASELINES, family, source_commit
 from .metrics import (
     RequestResult,
     StepSample,
@@ -73,7 +74,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     trace: str = "burst-light"
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = tuple(x for x in SYSTEMS if x not in STOCK)
     duration_s: float | None = 20.0
     time_scale: float = 1.0
     scale: float | None = None
@@ -107,6 +108,10 @@ class BenchConfig:
     progress: bool = True
     plots: bool = True
     drain_timeout_s: float = 600.0
+    #: requests served all at once after bare's and the stock systems' replay (throughput at saturation); 0: none
+    saturation_requests: int = 0
+    #: seconds a stock engine may take, start-up with compilation included, before it counts as failed
+    stock_timeout_s: float = 900.0
     #: what runs, from :func:`expand_systems` (set on construction)
     instances: tuple[str, ...] = field(init=False, default=())
 
@@ -182,8 +187,9 @@ def expand_systems(cfg: BenchConfig) -> tuple[str, ...]:
             if explicit is not None:
                 raise ValueError(f"system {s!r}: only static_mps and split_pool take a share")
             add(fam)
-    order = {"bare": 0, "static_mps": 1, "split_pool": 1}
-    return tuple(sorted(out, key=lambda n: order.get(family(n), 2)))
+    # the stock engines next: their child process needs the GPU memory the trainer baselines' processes take later
+    order = {"bare": 0, "stock": 1, "stock_ds_config": 1, "static_mps": 2, "split_pool": 2}
+    return tuple(sorted(out, key=lambda n: order.get(family(n), 3)))
 
 
 def regime_slo(regime: str, cfg: BenchConfig, model: Any, bare_steps: Sequence[StepSample] = ()
@@ -424,6 +430,9 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     ``latency_model`` (fitted) skips calibration (tests); ``lengths`` a :class:`~.lengths.LengthTable` replaces
     ``cfg.lengths``."""
     tfile = _trace_file(cfg)  # first: nothing below may start before the file is known good
+    from ..registry import create_host, get_host_spec
+
+    run_stock = get_host_spec(cfg.host).load_stock() if any(family(s) in STOCK for s in cfg.instances) else None
 
     from transformers import AutoTokenizer
 
@@ -434,7 +443,6 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     )
     from ..demo import resolve_model
     from ..driver import ClientRequest, HostConfig
-    from ..registry import create_host
     from .lengths import load_length_table, sharegpt_lengths
     from .traces import (
         auto_file_factor,
@@ -452,15 +460,16 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     elif lengths is None:
         lengths = sharegpt_lengths(tokenizer) if cfg.lengths == "sharegpt" else \
             load_length_table(cfg.lengths, tokenizer, seed=cfg.seed)
-    host = create_host(cfg.host, HostConfig(model=str(model_dir), device=cfg.device, dtype=cfg.dtype,
-                                            max_batch_tokens=cfg.max_batch_tokens,
-                                            max_running_requests=cfg.max_running_requests,
-                                            options=dict(cfg.host_options), seed=cfg.seed))
+    host_config = HostConfig(model=str(model_dir), device=cfg.device, dtype=cfg.dtype,
+                             max_batch_tokens=cfg.max_batch_tokens, max_running_requests=cfg.max_running_requests,
+                             options=dict(cfg.host_options), seed=cfg.seed)
+    host = create_host(cfg.host, host_config)
     work = Path(tempfile.mkdtemp(prefix="deltaserve-bench-"))
     regimes = cfg.slo_regimes
     multi = len(regimes) > 1
     slos: dict[str, tuple[float, float, dict[str, Any]]] = {}
     runs: dict[str, SystemRun] = {}  # key: instance, or instance/regime for a co-server run per regime
+    failed: dict[str, str] = {}  # stock systems whose engine did not run: why
     try:
         records: Sequence[Any] = tuple(calibration_records)
         calib_info: dict[str, Any] = {"source": "given"}
@@ -537,9 +546,23 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         prompts = [tuple(prng.randrange(lo, vocab - 1) for _ in range(r.prompt_tokens)) for r in trace.requests]
 
         def arrivals(tag: str) -> list[tuple[float, Any]]:
-            # fresh ids per system (hosts refuse an id still known); the same prompts and lengths everywhere
-            return [(r.t, ClientRequest(f"{tag}-{i}", prompts[i], r.output_tokens, ignore_eos=True))
+            # Fresh ids per system (hosts refuse an id still known) and the same lengths everywhere. The first
+            # token differs per system: every system runs on the one engine, whose prefix cache would otherwise
+            # serve a later system the KV an earlier one computed for the same prompts.
+            first = lo + zlib.crc32(tag.encode()) % (vocab - 1 - lo)
+            return [(r.t, ClientRequest(f"{tag}-{i}", (first,) + prompts[i][1:] if prompts[i] else prompts[i],
+                                        r.output_tokens, ignore_eos=True))
                     for i, r in enumerate(trace.requests)]
+
+        srng = random.Random(cfg.seed + 29)
+        sat_shapes = [lengths.sample(srng, max_prompt=cfg.max_prompt, max_output=cfg.max_output)
+                      for _ in range(cfg.saturation_requests)]
+        sat_prompts = [tuple(srng.randrange(lo, vocab - 1) for _ in range(max(1, pl))) for pl, _ in sat_shapes]
+
+        def saturation(tag: str) -> list[Any]:
+            first = lo + zlib.crc32(tag.encode()) % (vocab - 1 - lo)
+            return [ClientRequest(f"{tag}-sat-{i}", (first,) + p[1:], max(1, ol), ignore_eos=True)
+                    for i, (p, (_, ol)) in enumerate(zip(sat_prompts, sat_shapes))]
 
         stem = cfg.stem or f"bench_{cfg.host}_{Path(cfg.model).name}_{trace.name}"
         print(f"[bench] {cfg.host} / {model_dir.name} on {cfg.device}: trace {trace.name}, {len(trace)} requests "
@@ -578,12 +601,24 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         for system in cfg.instances:
             fam = family(system)
             if fam == "bare":
-                run_one(system, lambda bar: _run_bare(host, arrivals(system), trace.duration_s, bar, cfg))
+                run_one(system, lambda bar: _run_bare(host, arrivals(system), trace.duration_s, bar, cfg,
+                                                      saturation(system)))
                 if "tight" in regimes:
                     slos["tight"] = regime_slo("tight", cfg, latency_model, runs[system].steps)
                     t = slos["tight"]
                     print(f"[bench] tight SLO from bare: TTFT {t[0] * 1000:.1f} ms / TPOT {t[1] * 1000:.1f} ms "
                           f"(bare p99 step {t[2]['bare_p99_step_s'] * 1000:.1f} ms)", file=sys.stderr)
+            elif fam in STOCK:
+                assert run_stock is not None
+                try:
+                    run_one(system, lambda bar: _run_stock(run_stock, system, host_config, arrivals(system),
+                                                           trace.duration_s, bar, saturation(system), work,
+                                                           cfg.stock_timeout_s))
+                except RuntimeError as exc:
+                    # A reference engine that cannot start here (a vLLM default this build or GPU cannot run) is a
+                    # result to report, not a reason to lose every other system's run.
+                    failed[system] = str(exc)
+                    print(f"[bench] {system} failed: {exc}", file=sys.stderr)
             elif fam in TRAINER_BASELINES:
                 run_one(system, lambda bar: _run_trainer_baseline(system, host, arrivals(system), trace.duration_s,
                                                                   bar, cfg, tokenizer, work))
@@ -618,7 +653,8 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
             inst, _, reg = key.partition("/")
             if reg and reg != regime:
                 continue
-            s = summarize(run, ttft_s=ttft, tpot_s=tpot, dedicated_ft_tok_s=alone_rate if inst != "bare" else None,
+            trains = family(inst) not in ("bare", *STOCK)
+            s = summarize(run, ttft_s=ttft, tpot_s=tpot, dedicated_ft_tok_s=alone_rate if trains else None,
                           idle_fraction=idle)
             s["slo_regime"] = regime
             if family(inst) == "deltaserve" and ds_idle:
@@ -645,6 +681,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         "scale": scale, "capacity_rps": capacity,
         "calibration": calib_info, "trainer_alone": alone, "deltaserve_idle_rate": ds_idle or None,
         "bare_idle_fraction": idle, "headline": headlines,
+        "inference_tax": inference_tax(summaries), "failed_systems": failed,
         "systems": summaries, "timelines": timelines, "goals": goals,
         "environment": _environment(cfg.device, cfg.host), "wall_s": time.monotonic() - t_run,
     }
@@ -662,7 +699,8 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     return result
 
 
-def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress, cfg: BenchConfig) -> SystemRun:
+def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress, cfg: BenchConfig,
+              sat: Sequence[Any] = ()) -> SystemRun:
     rec = _StepRecorder(0.0)
     start = time.monotonic()
     rec.start = start
@@ -673,7 +711,32 @@ def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Pr
     finally:
         host.report_step_time(None)
     reqs = _results(outputs, arr, start)
-    return SystemRun("bare", _window(reqs, duration), reqs, [], rec.steps)
+    extra = {"saturation": _saturation(host, sat, cfg)} if sat else {}
+    return SystemRun("bare", _window(reqs, duration), reqs, [], rec.steps, extra)
+
+
+def _saturation(host: Any, sat: Sequence[Any], cfg: BenchConfig) -> dict[str, Any]:
+    """Every request at once: output tokens per second until the last one finishes."""
+    outputs, start, _ = replay(host, [(0.0, r) for r in sat], duration_s=0.0, drain_timeout_s=cfg.drain_timeout_s)
+    times = [o.token_times for o in outputs.values()]
+    out_tokens = sum(len(t) for t in times)
+    end = max(t[-1] for t in times if t) - start
+    return {"requests": len(sat), "output_tokens": out_tokens, "prompt_tokens": sum(len(r.prompt_ids) for r in sat),
+            "makespan_s": end, "output_tokens_per_s": out_tokens / end if end > 0 else None}
+
+
+def _run_stock(run_stock: Callable[..., dict[str, Any]], system: str, host_config: Any,
+               arr: list[tuple[float, Any]], duration: float, bar: _Progress, sat: Sequence[Any],
+               work: Path, timeout_s: float) -> SystemRun:
+    """The engine as shipped (a child process; see the host's ``stock`` runner), on the same arrivals."""
+    res = run_stock(system, host_config, arr, saturation=sat, log_path=work / f"{system}.log", timeout_s=timeout_s)
+    bar.tick(duration)
+    reqs = [RequestResult(r.request_id, t, len(r.prompt_ids), r.max_tokens, tuple(times))
+            for (t, r), times in zip(arr, res["token_times"])]
+    extra = {"engine": res["engine"], "engine_startup_s": res["startup_s"]}
+    if res.get("saturation"):
+        extra["saturation"] = res["saturation"]
+    return SystemRun(system, _window(reqs, duration), reqs, [], [], extra)
 
 
 def _window(reqs: Sequence[RequestResult], duration: float) -> float:
@@ -901,6 +964,35 @@ def _environment(device: str, host: str) -> dict[str, Any]:
     return env
 
 
+def inference_tax(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each system's inference latency and saturation throughput against ``stock`` (vLLM as shipped), as relative
+    differences (+0.05: 5 % slower or higher). Latency percentiles do not depend on the SLO regime: the first
+    regime's run of a co-served system stands for it."""
+    stock = summaries.get("stock")
+    if stock is None:
+        return {}
+    keys = ("p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "p99_itl_s")
+    out: dict[str, Any] = {"reference": "stock", "stock_engine": stock.get("engine")}
+    seen: set[str] = set()
+    for name, s in summaries.items():
+        inst = name.split("/", 1)[0]
+        if inst == "stock" or inst in seen:
+            continue
+        seen.add(inst)
+        row: dict[str, Any] = {}
+        for k in keys:
+            a, b = s.get(k), stock.get(k)
+            if a is not None and b and math.isfinite(a) and math.isfinite(b):
+                row[f"{k}_vs_stock"] = a / b - 1.0
+        sa, sb = (s.get("saturation") or {}).get("output_tokens_per_s"), \
+            (stock.get("saturation") or {}).get("output_tokens_per_s")
+        if sa and sb:
+            row["saturation_output_tok_s_vs_stock"] = sa / sb - 1.0
+        if row:
+            out[inst] = row
+    return out
+
+
 def _ratios(summaries: dict[str, dict[str, Any]]) -> None:
     ds = summaries.get("deltaserve")
     bare = summaries.get("bare")
@@ -1003,6 +1095,12 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split-mps-percentage", type=int, default=None,
                    help="static_mps on GPU without --static-shares: the trainer's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
                         "(MPS must run)")
+    p.add_argument("--saturation", type=int, default=0, metavar="N",
+                   help="after bare's and the stock systems' replay, serve N requests at once (trace lengths) and "
+                        "report throughput at saturation (default 0: none)")
+    p.add_argument("--stock-timeout", type=float, default=900.0, metavar="SECONDS",
+                   help="a stock system's engine (start-up with compilation included) counts as failed after this "
+                        "long; the other systems' results are kept (default 900)")
     p.add_argument("--out", default="benchmarks/results/bench", help="output folder")
     p.add_argument("--name", default=None, help="file stem (default bench_<host>_<model>_<trace>)")
     p.add_argument("--no-progress", action="store_true")
@@ -1015,7 +1113,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     from .traces import TRACE_NAMES, parse_trace_columns, read_trace_file
 
     if args.systems == "all":
-        systems = SYSTEMS
+        systems = tuple(s for s in SYSTEMS if s not in STOCK)
         if args.device != "cpu" and not args.split_ft_device:
             systems = tuple(s for s in SYSTEMS if s != "split_pool")
             print("[bench] split_pool left out: on one GPU the bench cannot cap its in-process engine (see "
@@ -1045,7 +1143,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        max_batch_tokens=args.max_batch_tokens, max_running_requests=args.max_running,
                        host_options=opts, split_inference_share=args.split_share,
                        split_ft_device=args.split_ft_device, split_mps_percentage=args.split_mps_percentage,
-                       out_dir=args.out, stem=args.name, progress=not args.no_progress, plots=not args.no_plot)
+                       saturation_requests=args.saturation, stock_timeout_s=args.stock_timeout, out_dir=args.out, stem=args.name, progress=not args.no_progress, plots=not args.no_plot)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -1070,6 +1168,11 @@ def format_table(result: dict[str, Any]) -> str:
             lines.append(f"  {fam}: largest share at 100 % SLO = "
                          f"{sweep['largest_share_at_100pct_slo'] if sweep['largest_share_at_100pct_slo'] else 'none'}"
                          f" (tried {', '.join(str(x) for x in sweep['tried'])})")
+    tax = result.get("inference_tax") or {}
+    for name, row in tax.items():
+        if isinstance(row, dict) and name != "stock_engine":
+            lines.append(f"inference vs stock [{name}]: " + ", ".join(
+                f"{k.removesuffix('_vs_stock').removesuffix('_s')} {v * 100:+.1f}%" for k, v in row.items()))
     for k, v in result["goals"].items():
         lines.append(f"goal {k}: measured {v['measured']:.3f} -> {'met' if v['met'] else 'NOT met'}")
     return "\n".join(lines)
