@@ -506,3 +506,21 @@ def test_checkpoint_write_failing_mid_file_leaves_no_half_written_folder(tmp_pat
     assert out["kept"] is True
     assert out["final"] == ["checkpoint-00000001", "checkpoint-00000002"]  # saving works once the limit goes
 
+
+# ---------------------------------------------------------------------------------------------- API key
+
+
+def test_api_key_check_and_where_the_key_comes_from() -> None:
+    """`deltaserve serve`'s rule (the real server runs it in tests/test_serve.py::test_serve_reference)."""
+    from deltaserve_core.serve import API_KEY_ENV, authorized, resolve_api_key
+
+    assert authorized(None, None) and authorized("Bearer anything", None)  # no key: open, as before
+    assert authorized("Bearer s3cret", "s3cret") and authorized("bearer s3cret", "s3cret")
+    for header in (None, "", "Bearer", "Bearer ", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret",
+                   "Bearer S3CRET"):
+        assert not authorized(header, "s3cret"), header
+    assert resolve_api_key("from-flag", {API_KEY_ENV: "from-env"}) == "from-flag"  # the option wins
+    assert resolve_api_key(None, {API_KEY_ENV: "from-env"}) == "from-env"
+    assert resolve_api_key(None, {API_KEY_ENV: "  "}) is None and resolve_api_key(None, {}) is None
+    with pytest.raises(ValueError, match="--api-key"):
+        resolve_api_key(" ", {})
