@@ -27,7 +27,8 @@ echo "torch==2.13.0" > "$CONSTRAINTS"
 "${UV[@]}" "${TORCH_SRC[@]}" "torch==2.13.0"
 "${UV[@]}" --no-deps "sglang==0.5.23"
 # What sglang 0.5.23's CPU engine imports (from its Requires-Dist, minus the CUDA-only and multimodal ones),
-# pinned to the versions tested together.
+# pinned to the versions tested together. jsonschema and soundfile: imported by the HTTP server
+# (`sglang.launch_server`), not by `sgl.Engine`.
 "${UV[@]}" "${TORCH_SRC[@]}" -c "$CONSTRAINTS" \
   "transformers==5.19.0" "tokenizers==0.23.2" "triton==3.9.0" "apache-tvm-ffi==0.1.11" "xgrammar==0.2.7" \
   "compressed-tensors==0.18.0" "openai==2.8.0" "sentencepiece==0.2.1" \
@@ -35,6 +36,7 @@ echo "torch==2.13.0" > "$CONSTRAINTS"
   "pyzmq==27.3.0" "psutil==7.2.2" "setproctitle==1.3.8" "requests==2.34.2" "python-multipart==0.0.34" \
   "uvloop==0.23.0" "prometheus-client==0.26.0" "pybase64==1.5.1" "xxhash==4.1.0" "einops==0.8.2" \
   "interegular==0.3.3" "partial-json-parser==0.2.1.1.post7" "tiktoken==0.14.0" "pillow==13.0.0" \
-  "ninja==1.13.2" "distro==1.9.0" "watchfiles==1.3.0" "zstandard==0.25.0" "ipython==9.18.1" "dill==0.4.1"
+  "ninja==1.13.2" "distro==1.9.0" "watchfiles==1.3.0" "zstandard==0.25.0" "ipython==9.18.1" "dill==0.4.1" \
+  "jsonschema==4.26.0" "soundfile==0.14.0"
 "${UV[@]}" "${TORCH_SRC[@]}" -c "$CONSTRAINTS" -e ".[test]"
 echo "setup_sglang: $("$VENV/bin/python" -c 'import importlib.metadata as m, torch; print("torch", torch.__version__, "sglang", m.version("sglang"), "transformers", m.version("transformers"))')"

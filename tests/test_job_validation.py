@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from deltaserve_core.job_config import JobConfigError, job_config_from_mapping
+from deltaserve_core.testing.servers import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -346,20 +347,6 @@ def test_a_failed_start_stops_the_backward_it_started() -> None:
     assert co.backward is None and co.buffer is None
 
 
-def _procs_with(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in env:
-            found.append(int(pid))
-    return found
-
-
 def _job_file(root: Path, name: str, body: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "train.json").write_text(json.dumps([GOOD] * 4))
@@ -393,7 +380,7 @@ def test_serve_with_a_bad_job_exits_non_zero_quickly_leaving_no_process(tmp_path
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert needle in proc.stderr, proc.stderr
     assert elapsed < bound_s, f"took {elapsed:.1f} s to refuse the job"
-    assert _procs_with(marker) == [], "a process of the refused server is still running"
+    assert processes_with_env(marker) == [], "a process of the refused server is still running"
 
 
 def test_serve_refuses_to_resume_with_a_changed_rank_fast(tmp_path: Path, model_dir: Path) -> None:
@@ -449,4 +436,4 @@ def test_serve_exits_when_start_fails_after_the_backward_started(tmp_path: Path,
                           timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "different samples" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
     time.sleep(1.0)  # an orphaned child would notice its parent is gone within 50 ms; give it no excuse
-    assert _procs_with(f"DELTASERVE_TEST_MARK={marker}") == []
+    assert processes_with_env(f"DELTASERVE_TEST_MARK={marker}") == []

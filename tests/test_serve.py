@@ -37,9 +37,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _http(method: str, url: str, body: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+def _http(method: str, url: str, body: dict | None = None, timeout: float = 60.0,
+          key: str | None = None) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -91,15 +95,19 @@ def _expected(host_name: str, model: Path) -> dict[object, tuple[int, ...]]:
 
 
 class _Server:
-    def __init__(self, root: Path, host: str, job: Path) -> None:
+    def __init__(self, root: Path, host: str, job: Path, key: str | None = None, *extra: str) -> None:
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = root / f"serve-{host}.log"
+        self.key = key  # sent by wait_ready; the caller passes it to its own requests
         env = dict(os.environ, OMP_NUM_THREADS="1", DELTASERVE_PROFILE_DIR=str(root / "profiles"))
+        env.pop("DELTASERVE_API_KEY", None)
+        if key is not None and "--api-key" not in extra:
+            env["DELTASERVE_API_KEY"] = key
         self._log_fh = open(self.log, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "deltaserve_core.cli", "serve", "--host", host, str(root / "model"), "--job",
-             str(job), "--port", str(self.port), "--host-addr", "127.0.0.1", "--log-every", "2"],
+             str(job), "--port", str(self.port), "--host-addr", "127.0.0.1", "--log-every", "2", *extra],
             stdout=self._log_fh, stderr=subprocess.STDOUT, env=env, cwd=root)
 
     def output(self) -> str:
@@ -111,7 +119,7 @@ class _Server:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"server exited with {self.proc.returncode}:\n{self.output()}"
             try:
-                status, _ = _http("GET", f"{self.base}/v1/models", timeout=2.0)
+                status, _ = _http("GET", f"{self.base}/v1/models", timeout=2.0, key=self.key)
                 if status == 200:
                     return
             except OSError:
@@ -240,19 +248,22 @@ def _serve_flow(workdir: Path, host: str, prompts: list[object], ready_timeout: 
 
 def test_serve_reference(workdir: Path) -> None:
     final = _serve_flow(workdir, "reference", [*_PROMPTS, _STRING_PROMPT], ready_timeout=240.0)
-    # A restart resumes from the final checkpoint and serves the adapter it holds.
-    server = _Server(workdir, "reference", workdir / "job-reference.yaml")
+    # A restart resumes from the final checkpoint and serves the adapter it holds; this time with an API key
+    # (from DELTASERVE_API_KEY), which every endpoint but /health requires.
+    key = "k-" + os.urandom(8).hex()
+    server = _Server(workdir, "reference", workdir / "job-reference.yaml", key)
     try:
         server.wait_ready(240.0)
+        _assert_key_required(server.base, key)
         step = int(final.name.split("-")[-1])
-        names = [m["id"] for m in _http("GET", f"{server.base}/v1/models")[1]["data"]]
+        names = [m["id"] for m in _http("GET", f"{server.base}/v1/models", key=key)[1]["data"]]
         assert f"job-reference@v{step}" in names, names
         # every published version kept on disk (the newest checkpoint.keep) is served again
         on_disk = sorted(p.name for p in (workdir / "ckpt-job-reference" / "published").iterdir()
                          if not (p / ".retired").exists())
         assert 0 < len(on_disk) <= 2 and set(on_disk) <= set(names), (on_disk, names)
         status, body = _http("POST", f"{server.base}/v1/completions",
-                             {"prompt": [5, 6], "max_tokens": 1, "model": on_disk[0]})
+                             {"prompt": [5, 6], "max_tokens": 1, "model": on_disk[0]}, key=key)
         assert status == 200, body
 
         # 64 clients connecting at once are all answered (the stdlib backlog of 5 dropped a fifth of them)
@@ -262,7 +273,7 @@ def test_serve_reference(workdir: Path) -> None:
         def one(i: int) -> None:
             start.wait(30)
             results.append(_http("POST", f"{server.base}/v1/completions",
-                                 {"prompt": [5 + i % 50, 6], "max_tokens": 1}, timeout=120.0))
+                                 {"prompt": [5 + i % 50, 6], "max_tokens": 1}, timeout=120.0, key=key))
 
         clients = [threading.Thread(target=one, args=(i,)) for i in range(64)]
         for t in clients:
@@ -270,11 +281,37 @@ def test_serve_reference(workdir: Path) -> None:
         for t in clients:
             t.join(150.0)
         assert len(results) == 64 and all(code == 200 for code, _ in results), [c for c, _ in results]
-        state = _http("GET", f"{server.base}/deltaserve/status")[1]
+        state = _http("GET", f"{server.base}/deltaserve/status", key=key)[1]
         assert state["pool"]["samples_completed"] > 0, state
     finally:
         rc = server.stop(timeout=180.0)
     assert rc == 0, server.output()
+    assert key not in server.log.read_text()  # the key is never logged
+
+
+def _assert_key_required(base: str, key: str) -> None:
+    """Without the key (or with another) every endpoint that serves or shows the job is a 401 that reveals
+    nothing, not even whether the path exists; /health stays open for load balancers."""
+    asks = [("POST", "/v1/completions", {"prompt": [5, 6], "max_tokens": 1}), ("GET", "/v1/models", None),
+            ("GET", "/deltaserve/status", None), ("GET", "/no/such/path", None), ("POST", "/v1/chat/completions", {})]
+    for wrong in (None, "wrong", key + "x", key[:-1], f"Basic {key}"):
+        for method, path, body in asks:
+            if wrong is not None and wrong.startswith("Basic "):
+                req = urllib.request.Request(base + path, method=method, headers={"Authorization": wrong},
+                                             data=None if body is None else json.dumps(body).encode())
+                try:
+                    urllib.request.urlopen(req, timeout=30)
+                    status, reply = 200, {}
+                except urllib.error.HTTPError as err:
+                    status, reply = err.code, json.loads(err.read())
+            else:
+                status, reply = _http(method, base + path, body, key=wrong)
+            assert status == 401, (wrong, path, status, reply)
+            assert reply["error"]["type"] == "authentication_error" and "job" not in json.dumps(reply), reply
+    assert _http("GET", f"{base}/health")[0] == 200
+    status, body = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6], "max_tokens": 1}, key=key)
+    assert status == 200, body
+    assert _http("GET", f"{base}/deltaserve/status", key=key)[0] == 200
 
 
 @pytest.mark.slow

@@ -137,6 +137,15 @@ def _idle_until(host, co, done, timeout: float = 180.0) -> None:  # noqa: ANN001
             time.sleep(0.005)
 
 
+def _assert_paused_trains_nothing(host, co) -> None:  # noqa: ANN001
+    steps = co.stats.optimizer_steps
+    for _ in range(100):  # paused: idle steps admit nothing, so nothing more is trained
+        host.run_idle_step()
+        co.poll()
+        time.sleep(0.01)
+    assert co.stats.optimizer_steps <= steps + 1  # at most the batch that was already in flight
+
+
 def test_coserver_refuses_an_unwritable_checkpoint_dir_before_training(host, dataset: Path,  # noqa: ANN001
                                                                         tmp_path: Path) -> None:
     from deltaserve_core.coserve import CoServer
@@ -166,12 +175,7 @@ def test_failed_saves_are_counted_and_pause_training(host, dataset: Path, tmp_pa
         assert stats["save_failures"] >= MAX_CONSECUTIVE_SAVE_FAILURES
         assert stats["consecutive_save_failures"] >= MAX_CONSECUTIVE_SAVE_FAILURES
         assert "paused" in stats["paused_reason"] and str(ckpt) in stats["paused_reason"]
-        steps = co.stats.optimizer_steps
-        for _ in range(100):  # paused: idle steps admit nothing, so nothing more is trained
-            host.run_idle_step()
-            co.poll()
-            time.sleep(0.01)
-        assert co.stats.optimizer_steps <= steps + 1  # at most the batch that was already in flight
+        _assert_paused_trains_nothing(host, co)
         assert co.finished  # hosts stop offering idle steps to a paused job
         t0 = time.monotonic()
         assert co.final_checkpoint(timeout_s=60) is None  # a failed final save is reported, not waited out
@@ -349,3 +353,174 @@ class TestVllmGuard:
         # the operator's own runtime loading still works for other adapters
         assert isinstance(self._load(models, "mine", client), str)
         assert isinstance(self._unload(models, "mine"), str)
+
+
+# ---------------------------------------------------------------------------------------------- full disk
+
+
+def _mount_tmpfs(target: Path, size: str) -> bool:
+    """A real small filesystem at ``target`` (root only: tmpfs); False where this process may not mount."""
+    target.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)],
+                          capture_output=True, text=True, check=False)
+    return done.returncode == 0
+
+
+def _fill(folder: Path) -> Path:
+    """Write a ballast file until the filesystem refuses more (ENOSPC from the kernel)."""
+    import errno
+
+    ballast = folder / "ballast"
+    with open(ballast, "wb", buffering=0) as f:
+        chunk = b"\0" * 65536
+        while True:
+            try:
+                f.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                if len(chunk) == 1:
+                    return ballast
+                chunk = chunk[: len(chunk) // 2]
+
+
+def _complete_checkpoints(ckpt: Path) -> list[Path]:
+    from deltaserve_core.checkpoint import list_checkpoints
+
+    return list_checkpoints(ckpt)
+
+
+def _assert_nothing_half_written(ckpt: Path) -> None:
+    from deltaserve_core.adapter_state import LoraAdapterState
+    from deltaserve_core.checkpoint import load_checkpoint
+
+    leftovers = [p.name for p in ckpt.rglob("*")
+                 if p.name.startswith((".tmp-", ".old-")) or p.name.endswith((".tmp", ".old"))]
+    assert leftovers == [], leftovers
+    for child in ckpt.glob("checkpoint-*"):
+        load_checkpoint(child)  # every checkpoint folder is complete and loads
+    root = ckpt / "published"
+    for folder in root.iterdir() if root.is_dir() else ():
+        LoraAdapterState.load_pretrained(folder)  # every published folder is complete and loads
+
+
+@pytest.mark.faults
+def test_full_checkpoint_disk_pauses_keeps_the_last_good_checkpoint_and_recovers(host, dataset: Path,  # noqa: ANN001
+                                                                                 tmp_path: Path) -> None:
+    """A real full filesystem (tmpfs of 8 MiB): saves fail mid-file with ENOSPC from the kernel."""
+    import torch
+
+    from deltaserve_core.checkpoint import load_checkpoint
+    from deltaserve_core.coserve import MAX_CONSECUTIVE_SAVE_FAILURES, CoServer
+
+    fs = tmp_path / "fs"
+    if not _mount_tmpfs(fs, "8m"):
+        pytest.skip("cannot mount a tmpfs here (needs root); the RLIMIT_FSIZE test below covers the writer")
+    try:
+        ckpt = fs / "ckpt"
+        co = CoServer(host, _job(dataset, ckpt, epochs=50), latency_model=_model(), backward_threads=1,
+                      save_retry_s=0.5)
+        with co:
+            _idle_until(host, co, lambda: len(_complete_checkpoints(ckpt)) >= 2)
+            last_good = _complete_checkpoints(ckpt)[-1]
+            good = load_checkpoint(last_good)
+            ballast = _fill(fs)
+            _idle_until(host, co, lambda: co.stats.paused_reason is not None)
+            status = co.stats.as_dict()  # what /deltaserve/status shows under `finetune`
+            assert status["save_failures"] >= MAX_CONSECUTIVE_SAVE_FAILURES, status
+            assert status["consecutive_save_failures"] >= MAX_CONSECUTIVE_SAVE_FAILURES
+            assert "paused" in status["paused_reason"] and str(ckpt) in status["paused_reason"]
+            _assert_paused_trains_nothing(host, co)
+            assert co.stats.save_failures > status["save_failures"]  # retries, each failing and counted
+            _assert_nothing_half_written(ckpt)
+            again = load_checkpoint(last_good)  # the last good checkpoint is intact
+            assert again.step == good.step
+            assert all(torch.equal(again.adapter.tensors[k], v) for k, v in good.adapter.tensors.items())
+
+            ballast.unlink()  # space returns: the next retry succeeds and fine-tuning resumes
+            _idle_until(host, co, lambda: co.stats.paused_reason is None
+                        and _complete_checkpoints(ckpt)[-1].name > last_good.name)
+            resumed_at = co.stats.optimizer_steps
+            _idle_until(host, co, lambda: co.stats.optimizer_steps > resumed_at)
+            assert co.stats.consecutive_save_failures == 0
+            _assert_nothing_half_written(ckpt)
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], check=False)
+
+
+_RLIMIT_CHILD = r"""
+import json, os, resource, signal, sys
+from pathlib import Path
+import torch
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from deltaserve_core.lora_spec import LoraConfigSpec
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+root = Path(sys.argv[1])
+spec = LoraConfigSpec(r=8, lora_alpha=16.0, target_modules=("q_proj",))
+def state(v):
+    g = torch.Generator().manual_seed(v)
+    return LoraAdapterState("full", v, spec, {f"base_model.model.layers.{i}.q_proj.lora_A.weight":
+                                             torch.randn(8, 256, generator=g) for i in range(8)})
+out = {}
+save_checkpoint(root, state(1), None, 1)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16384, hard))  # the adapter file is ~64 KiB: fails mid-file
+try:
+    save_checkpoint(root, state(2), None, 2)
+    out["failed"] = None
+except OSError as exc:
+    out["failed"] = exc.errno
+try:
+    state(3).save_pretrained(root / "published" / "full@v3")
+    out["publish_failed"] = None
+except OSError as exc:
+    out["publish_failed"] = exc.errno
+out["after_failure"] = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+save_checkpoint(root, state(2), None, 2)
+out["final"] = [p.name for p in list_checkpoints(root)]
+kept = load_checkpoint(root / "checkpoint-00000001").adapter.tensors
+out["kept"] = all(torch.equal(kept[k], v) for k, v in state(1).tensors.items())
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_checkpoint_write_failing_mid_file_leaves_no_half_written_folder(tmp_path: Path) -> None:
+    """Where no small filesystem can be mounted: the kernel fails writes past RLIMIT_FSIZE mid-file (EFBIG),
+    in a child process so that nothing else of this process is limited."""
+    import errno
+
+    done = subprocess.run([sys.executable, "-c", _RLIMIT_CHILD, str(tmp_path / "ckpt")], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["failed"] == errno.EFBIG and out["publish_failed"] == errno.EFBIG, out
+    # only the good checkpoint's files: no temporary folder, no half-written adapter folder
+    assert out["after_failure"] == ["checkpoint-00000001", "checkpoint-00000001/adapter_config.json",
+                                    "checkpoint-00000001/adapter_model.safetensors",
+                                    "checkpoint-00000001/trainer_state.json", "published"], out
+    assert out["kept"] is True
+    assert out["final"] == ["checkpoint-00000001", "checkpoint-00000002"]  # saving works once the limit goes
+
+
+# ---------------------------------------------------------------------------------------------- API key
+
+
+def test_api_key_check_and_where_the_key_comes_from() -> None:
+    """`deltaserve serve`'s rule (the real server runs it in tests/test_serve.py::test_serve_reference)."""
+    from deltaserve_core.serve import API_KEY_ENV, authorized, resolve_api_key
+
+    assert authorized(None, None) and authorized("Bearer anything", None)  # no key: open, as before
+    assert authorized("Bearer s3cret", "s3cret") and authorized("bearer s3cret", "s3cret")
+    for header in (None, "", "Bearer", "Bearer ", "Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret",
+                   "Bearer S3CRET"):
+        assert not authorized(header, "s3cret"), header
+    assert resolve_api_key("from-flag", {API_KEY_ENV: "from-env"}) == "from-flag"  # the option wins
+    assert resolve_api_key(None, {API_KEY_ENV: "from-env"}) == "from-env"
+    assert resolve_api_key(None, {API_KEY_ENV: "  "}) is None and resolve_api_key(None, {}) is None
+    with pytest.raises(ValueError, match="--api-key"):
+        resolve_api_key(" ", {})

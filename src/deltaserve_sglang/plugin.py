@@ -24,6 +24,7 @@ __all__ = ["HOOKS", "STREAMERS", "HooksNotLiveError", "install_layer_capture", "
 STREAMERS: dict[int, Any] = {}
 
 _SCHED = "sglang.srt.managers.scheduler.Scheduler"
+_SERVER_ARGS = "sglang.srt.server_args.ServerArgs"
 _STREAMER = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
 
 
@@ -73,6 +74,40 @@ def _run_event_loop(original: Callable[..., Any], self: Any, *args: Any, **kwarg
             runtime.stop()
 
 
+def _preflight(server_args: Any) -> None:
+    from .serving import extend_scheduler_exit_timeout, preflight
+
+    if preflight(server_args) is not None:
+        extend_scheduler_exit_timeout()
+
+
+def _prepare_server_args(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # `sglang.launch_server` parses its command line here, right after its imports and before it imports the
+    # HTTP server and spawns the scheduler that loads the model: the earliest point a bad job can be refused.
+    server_args = original(*args, **kwargs)
+    _preflight(server_args)
+    return server_args
+
+
+def _check_server_args(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    # Every launching process (sgl.Engine too) checks its arguments here, still before it spawns the scheduler.
+    result = original(self, *args, **kwargs)
+    _preflight(self)
+    return result
+
+
+def _kill_process_tree(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # SIGKILL to every child: in the launching process, the schedulers get the chance to write their final
+    # checkpoint first (a SIGINT to the API server goes straight from uvicorn's stop to this kill)
+    from .serving import stop_schedulers_first
+
+    try:
+        stop_schedulers_first(args[0] if args else kwargs.get("parent_pid"))
+    except KeyboardInterrupt:  # a second Ctrl-C while waiting: kill now, as SGLang would
+        pass
+    return original(*args, **kwargs)
+
+
 #: target -> hook (all AROUND). Also the patch record's list (docs/sglang-adapter.md).
 HOOKS: dict[str, Callable[..., Any]] = {
     f"{_SCHED}.get_next_batch_to_run": _get_next_batch_to_run,
@@ -80,21 +115,37 @@ HOOKS: dict[str, Callable[..., Any]] = {
     f"{_SCHED}.process_batch_result": _process_batch_result,
     f"{_SCHED}.run_event_loop": _run_event_loop,
     f"{_STREAMER}.stream_output": _stream_output,
+    f"{_SERVER_ARGS}.check_server_args": _check_server_args,
+    "sglang.srt.server_args.prepare_server_args": _prepare_server_args,
+    "sglang.srt.utils.common.kill_process_tree": _kill_process_tree,
 }
 
-_registered = False
+#: the hooks a launching process (``sglang.launch_server``'s main process, a program holding ``sgl.Engine``)
+#: needs: preflight and the stop. Applying the others imports SGLang's scheduler (2,300 modules, 20+ s on a busy
+#: machine), which would come before a bad job could be refused.
+LAUNCHER_HOOKS = frozenset({f"{_SERVER_ARGS}.check_server_args", "sglang.srt.server_args.prepare_server_args",
+                            "sglang.srt.utils.common.kill_process_tree"})
+
+_registered: set[str] = set()
 
 
-def register() -> None:
-    """Entry point of ``sglang.srt.plugins``: register every hook once per process (idempotent)."""
-    global _registered
-    if _registered:
-        return
+def register(*, scheduler: bool | None = None) -> None:
+    """Entry point of ``sglang.srt.plugins``: register the hooks once per process (idempotent).
+
+    ``scheduler``: also the scheduler's hooks. ``None`` (SGLang's call): in SGLang's subprocesses (the scheduler
+    runs in one), not in a launching process. The driver path, which builds a scheduler in its own process,
+    passes ``True``."""
+    import multiprocessing
+
+    if scheduler is None:
+        scheduler = multiprocessing.parent_process() is not None
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     for target, hook in HOOKS.items():
+        if target in _registered or not (scheduler or target in LAUNCHER_HOOKS):
+            continue
         HookRegistry.register(target, hook, HookType.AROUND)
-    _registered = True
+        _registered.add(target)
 
 
 class HooksNotLiveError(RuntimeError):
@@ -114,7 +165,8 @@ def _is_wrapped_by(fn: Any, hook: Callable[..., Any]) -> bool:
 
 
 def verify_hooks() -> None:
-    """Raise :class:`HooksNotLiveError` unless every hook in :data:`HOOKS` wraps its target in this process."""
+    """Raise :class:`HooksNotLiveError` unless every hook in :data:`HOOKS` wraps its target in this process
+    (called where a scheduler runs, which needs them all)."""
     missing = []
     for target, hook in HOOKS.items():
         owner_path, attr = target.rsplit(".", 1)

@@ -13,12 +13,28 @@ variable; without it the plugin passes every call straight through.
 Latency model: the stored calibration profile of this host (same model path, dtype, device; the core's
 ``ProfileStore``, ``DELTASERVE_PROFILE_DIR``). When there is none, the scheduler is calibrated in place before
 its loop starts (nothing else can step it then); the profile is stored, so the next start skips it.
+
+Before anything loads, :func:`preflight` runs in the launching process (the ``prepare_server_args`` hook for
+``sglang.launch_server``, right after SGLang's imports; the ``check_server_args`` hook for ``sgl.Engine``): the
+job file, its dataset and checkpoint folder, the server arguments DeltaServe needs, the rank, the target modules
+against the model's files and resuming against the checkpoint. A bad job stops SGLang there, before it spawns
+the scheduler that would load the model.
+
+Stopping: SIGINT/SIGTERM reach the scheduler directly (Ctrl-C signals the whole process group), as SGLang's
+``ShutdownReq`` once the API server drained its requests (SIGTERM to the API server), or as a SIGTERM from
+:func:`stop_schedulers_first` just before the API server kills its children (SIGINT to the API server alone:
+uvicorn stops and the launcher kills the process tree at once). Either way the scheduler's loop ends at its next
+iteration (:meth:`ServeRuntime.begin_stop`), and :meth:`ServeRuntime.stop` writes the final checkpoint before
+the process exits, within :func:`shutdown_grace_s`, for which the API server is made to wait.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +45,136 @@ from deltaserve_core.job_config import JobConfig
 from .host import SglangHost
 from .versions import check_supported_sglang
 
-__all__ = ["ENV_JOB", "ServeHost", "ServeRuntime", "published_dir", "start_serving"]
+__all__ = ["ENV_GRACE", "ENV_JOB", "ServeHost", "ServeRuntime", "preflight", "published_dir", "server_args_problems",
+           "shutdown_grace_s", "start_serving", "extend_scheduler_exit_timeout", "stop_schedulers_first"]
 
 log = logging.getLogger("deltaserve.sglang")
 
 #: Environment variable naming the job file (``deltaserve_core.job_config`` format) that enables DeltaServe.
 ENV_JOB = "DELTASERVE_JOB"
+#: Seconds a stop may take to write the final checkpoint (default :data:`DEFAULT_GRACE_S`); the API server waits
+#: this long for the scheduler after it asked it to stop, instead of SGLang's 15 s.
+ENV_GRACE = "DELTASERVE_SHUTDOWN_GRACE_S"
+DEFAULT_GRACE_S = 30.0
+
+
+def shutdown_grace_s() -> float:
+    """:data:`ENV_GRACE` as a number of seconds in (0, 3600]; raises ``ValueError`` naming it otherwise."""
+    raw = os.environ.get(ENV_GRACE, "").strip()
+    if not raw:
+        return DEFAULT_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 3600:  # also refuses nan and inf
+        raise ValueError(f"{ENV_GRACE}={raw!r}: must be a number of seconds in (0, 3600], e.g. {ENV_GRACE}=30")
+    return value
+
+
+def server_args_problems(server_args: Any, *, overlap: bool | None = None) -> list[str]:
+    """What DeltaServe needs of SGLang's arguments and ``server_args`` lacks, each naming the flag.
+
+    ``overlap``: whether the scheduler runs the overlap loop; ``None`` before the scheduler exists, where it is
+    not checked (SGLang settles it while it resolves its arguments, and the scheduler checks it then).
+    Before resolution ``enable_lora`` may be unset with ``--lora-paths`` given, which turns LoRA on."""
+    sa = server_args
+    problems = []
+    if not (sa.enable_lora or (overlap is None and getattr(sa, "lora_paths", None))):
+        problems.append("--enable-lora (fine-tuning rows run on a reserved LoRA adapter)")
+    if overlap:
+        problems.append("--disable-overlap-schedule (a step's record is built from its own result)")
+    if tuple(getattr(sa, k, 1) or 1 for k in ("tp_size", "pp_size", "dp_size")) != (1, 1, 1):
+        problems.append("tp/pp/dp size 1 (one scheduler process)")
+    if getattr(sa, "speculative_algorithm", None):
+        problems.append("no speculative decoding")
+    return problems
+
+
+def _lora_target_problems(job: JobConfig, server_args: Any) -> list[str]:
+    # SGLang builds LoRA layers only for --lora-target-modules: the reserved adapter would fail to load (after
+    # the model did) with a target outside them.
+    allowed = getattr(server_args, "lora_target_modules", None)
+    if not allowed or "all" in allowed:
+        return []
+    missing = sorted(set(job.lora.target_modules) - set(allowed))
+    if not missing:
+        return []
+    wider = " ".join(sorted(set(allowed) | set(missing)))
+    return [f"lora.target_modules: {missing} are not among SGLang's --lora-target-modules {sorted(allowed)}; drop "
+            f"them from the job or start SGLang with --lora-target-modules {wider}"]
+
+
+def preflight(server_args: Any) -> JobConfig | None:
+    """Check the job named by :data:`ENV_JOB` against ``server_args`` before SGLang spawns its scheduler.
+
+    Raises :class:`~deltaserve_core.job_config.JobConfigError` (or ``ValueError`` for the checkpoint folder and
+    the server arguments), naming the key or flag, the value and the fix; ``None`` when no job is set. Reads only
+    files: the job, the model's safetensors headers and config, the checkpoint folder's JSON."""
+    job_path = os.environ.get(ENV_JOB)
+    if not job_path:
+        return None
+    from deltaserve_core.job_config import JobConfigError, load_job_config
+    from deltaserve_core.preflight import check_job, check_local_files
+
+    try:
+        job = load_job_config(job_path)
+        problems = server_args_problems(server_args)
+        if problems:
+            raise ValueError("DeltaServe needs SGLang started with " + "; ".join(problems))
+        shutdown_grace_s()
+        check_local_files(job)
+        problems = _lora_target_problems(job, server_args)
+        if problems:
+            raise JobConfigError(f"job config: {problems[0]}")
+        rank = getattr(server_args, "max_lora_rank", None)
+        check_job(job, str(server_args.model_path), max_lora_rank=int(rank) if rank else None,
+                  how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
+    except ValueError as exc:
+        # the traceback SGLang prints next ends in this message too; this line is the one to read
+        log.error("DeltaServe refuses to start (%s=%s): %s", ENV_JOB, job_path, exc)
+        raise
+    if not (getattr(server_args, "api_key", None) or getattr(server_args, "admin_api_key", None)) \
+            and _LAUNCHER.get("job") != job_path:  # once, though both launcher hooks call this
+        log.warning("DeltaServe: SGLang runs without --api-key/--admin-api-key, so any client that reaches the "
+                    "port can call /load_lora_adapter and load DeltaServe's checkpoint folders by path; set a key "
+                    "(docs/security.md)")
+    _LAUNCHER["job"] = job_path
+    return job
+
+
+#: set in the launching process once :func:`preflight` accepted a job: :func:`stop_schedulers_first` acts there
+_LAUNCHER: dict[str, str] = {}
+
+
+def stop_schedulers_first(parent_pid: int | None) -> None:
+    """Called just before SGLang's ``kill_process_tree`` (SIGKILL to every child) in the launching process:
+    SIGTERM the scheduler processes and wait, at most :func:`shutdown_grace_s`, until they exited.
+
+    Each scheduler then leaves its loop and writes the final checkpoint. Does nothing in other processes, for
+    other trees, when no job runs, or when the schedulers are already gone (the SIGTERM path waited for them)."""
+    if not _LAUNCHER.get("job") or parent_pid not in (None, os.getpid()):
+        return
+    del _LAUNCHER["job"]  # once: a later kill (a crash handler) must not wait again
+    import psutil
+    from sglang.srt.utils.cudacore_pyspy_dump_utils import collect_scheduler_processes
+
+    alive = []
+    for proc in collect_scheduler_processes():
+        try:
+            proc.send_signal(signal.SIGTERM)
+            alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    if not alive:
+        return
+    grace = shutdown_grace_s()
+    log.info("DeltaServe: waiting up to %.0f s for %d scheduler process(es) to write the final checkpoint",
+             grace, len(alive))
+    _, still = psutil.wait_procs(alive, timeout=grace)
+    if still:
+        log.error("DeltaServe: scheduler process(es) %s did not exit within %.0f s; SGLang kills them now and "
+                  "the training since the last checkpoint is lost", [p.pid for p in still], grace)
 
 
 def published_dir(job: JobConfig) -> Path:
@@ -51,15 +191,7 @@ class ServeHost(SglangHost):
         version = check_supported_sglang()
         plugin.verify_hooks()
         sa = scheduler.server_args
-        problems = []
-        if not sa.enable_lora:
-            problems.append("--enable-lora (fine-tuning rows run on a reserved LoRA adapter)")
-        if getattr(scheduler, "enable_overlap", False):
-            problems.append("--disable-overlap-schedule (a step's record is built from its own result)")
-        if tuple(getattr(sa, k, 1) or 1 for k in ("tp_size", "pp_size", "dp_size")) != (1, 1, 1):
-            problems.append("tp/pp/dp size 1 (one scheduler process)")
-        if getattr(sa, "speculative_algorithm", None):
-            problems.append("no speculative decoding")
+        problems = server_args_problems(sa, overlap=bool(getattr(scheduler, "enable_overlap", False)))
         if problems:
             raise RuntimeError("DeltaServe needs SGLang started with " + "; ".join(problems))
         dtype = str(scheduler.model_config.dtype).removeprefix("torch.")
@@ -90,6 +222,8 @@ class ServeRuntime:
         from deltaserve_core.coserve import CoServer
         from deltaserve_core.job_config import load_job_config
 
+        self.scheduler = scheduler
+        self.grace_s = shutdown_grace_s()
         self.job = load_job_config(job_path)
         publish_root = published_dir(self.job)
         publish_root.mkdir(parents=True, exist_ok=True)
@@ -109,18 +243,54 @@ class ServeRuntime:
             "max_kv": min(int(scheduler.max_total_num_tokens) // 2, longest),
             "max_decode_batch": min(64, int(scheduler.max_running_requests))})
         self._stopped = False
+        self._stop_signalled_at: float | None = None
 
     def start(self) -> None:
         self.coserver.start()
+        self._catch_stop_signals()
         log.info("DeltaServe co-serving started in the SGLang scheduler: dataset %s, adapter %s, checkpoints in %s",
                  self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
 
+    def _catch_stop_signals(self) -> None:
+        """End SGLang's loop at its next iteration on SIGINT/SIGTERM, so :meth:`stop` runs after a whole step.
+
+        Python's default SIGINT raises KeyboardInterrupt wherever the loop is (mid-step, mid-admission), and the
+        default SIGTERM kills the process: either way no final checkpoint."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("DeltaServe runtime started off the main thread: a stop signal to the scheduler process "
+                        "will not write a final checkpoint")
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            self.begin_stop()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, handler)
+
+    def begin_stop(self) -> None:
+        """Admit no more fine-tuning and leave the loop at its next iteration (SGLang's own ``ShutdownReq`` flag).
+        Only sets flags: it runs in a signal handler."""
+        if self._stop_signalled_at is None:
+            self._stop_signalled_at = time.monotonic()
+        self.coserver.stop_admission()
+        self.scheduler.gracefully_exit = True
+
     def stop(self) -> None:
+        """The final checkpoint, within the grace the API server waits for this process; then detach."""
         if self._stopped:
             return
         self._stopped = True
+        self.coserver.stop_admission()
+        if threading.current_thread() is threading.main_thread():
+            # Ctrl-C reaches this process and the API server alike; a second one must not interrupt the save.
+            # The API server's SIGKILL after the grace still bounds the stop.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+        started = self._stop_signalled_at if self._stop_signalled_at is not None else time.monotonic()
+        # half of what is left: a backward batch that runs over is cancelled, and the save still fits
+        timeout = max(1.0, (self.grace_s - (time.monotonic() - started)) * 0.5)
         try:
-            self.coserver.shutdown()
+            self.coserver.shutdown(timeout_s=timeout)
         finally:
             self.host.shutdown()
 
@@ -133,3 +303,17 @@ def start_serving(scheduler: Any) -> ServeRuntime | None:
     runtime = ServeRuntime(scheduler, job)
     runtime.start()
     return runtime
+
+
+def extend_scheduler_exit_timeout() -> None:
+    """In the API server process: wait :func:`shutdown_grace_s` for the scheduler after asking it to stop.
+
+    SGLang's API server drains its requests, sends the scheduler a ``ShutdownReq`` and kills it 15 s later
+    (``tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS``); a backward batch plus the final checkpoint may need
+    longer on a busy machine. The wait ends as soon as the scheduler exits."""
+    from sglang.srt.managers import tokenizer_manager
+
+    grace = shutdown_grace_s()
+    current = getattr(tokenizer_manager, "_SCHEDULER_EXIT_TIMEOUT_SECS", None)
+    if isinstance(current, (int, float)) and current < grace:
+        tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS = grace
