@@ -770,12 +770,19 @@ class DeferredFinetuneAdapterHost(ReferenceHost):
 #: broken host -> the check it must fail (a tuple: a rule two checks enforce; it must fail all, nothing else)
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
-    NextStepInjectionHost: "intercept_schedule__injected_rows_run_in_same_step",
-    LeakyHost: "intercept_schedule__no_finetune_row_reaches_client",
-    DriftingOutputsHost: "intercept_schedule__outputs_unchanged_by_injection",
+    # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
+    NextStepInjectionHost: ("intercept_schedule__injected_rows_run_in_same_step", "capture_activation__call_order",
+                            "intercept_schedule__finetune_rows_read_no_prefix_cache"),
+    LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
+                "run_profile_step__synthetic_rows_never_reach_a_client"),
+    DriftingOutputsHost: ("intercept_schedule__outputs_unchanged_by_injection",
+                          "intercept_schedule__client_outputs_match_independent_model"),
     SchedulingChangesHost: "intercept_schedule__declining_leaves_batch_unchanged",
     ReservedAdapterHost: "intercept_schedule__reserved_adapter_refused",
-    WrongCaptureHost: "capture_activation__matches_reference_forward",
+    # every check that compares captures with transformers + PEFT sees the scaled capture
+    WrongCaptureHost: ("capture_activation__matches_reference_forward",
+                       "intercept_schedule__finetune_rows_read_no_prefix_cache",
+                       "set_finetune_adapter__later_rows_use_the_new_weights"),
     CapturesInferenceRowsHost: "capture_activation__only_finetune_rows_in_layer_order",
     # never polling is both: the step is not stopped, and nothing stops its compute
     IgnoresAbortHost: ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute"),
@@ -783,8 +790,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     LaunchTimeHost: "report_step_time__consistent_with_wall_clock",
     LyingGraphModeHost: "graph_mode__agrees_with_execution",
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
-    StalePublishHost: "publish_adapter__serves_published_weights",
-    SlotSpillHost: "publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
+    StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv"),
+    # once its slots are full (after the slot check) base rows of later checks get the delta too
+    SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
+                    "intercept_schedule__client_outputs_match_independent_model"),
     MistypedHookHost: "protocol__validate_host",
     SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
     LateBeginStepHost: "capture_activation__call_order",
