@@ -191,6 +191,26 @@ def test_samples_that_do_not_fit_are_reported_aborted(deltaserve_conformance_env
     assert rec.captures == []
 
 
+def test_sample_longer_than_the_model_context_is_reported_aborted(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """A sample longer than max_model_len (found by the generated conformance scenarios: it failed the whole engine
+    step in gpu_input_batch.add_request, clients' rows with it) is refused like any sample the step cannot take."""
+    from transformers import AutoConfig
+
+    env = deltaserve_conformance_env
+    longest = AutoConfig.from_pretrained(env.model_dir).max_position_embeddings
+    samples = make_samples(env, 1, lengths=[longest + 76], seed=52, first_id=900)
+    requests = make_prompts(env, 2, seed=52)
+    baseline = env.run(requests)
+    inject, fired = _inject_once(samples)
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    outputs = env.run(requests)
+    env.install(None)
+    record = rec.record_for(fired[0])
+    assert record is not None and record.finetune_sample_ids == () and record.aborted_sample_ids == (900,)
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
+
+
 def test_unsupported_vllm_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata as md
 

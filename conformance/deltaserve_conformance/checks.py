@@ -583,7 +583,7 @@ def check_intercept_schedule__on_arrival_once_per_client_request(env: Conformanc
                             "on_arrival told the core it had arrived; expected on_arrival first (at submit)")
 
 
-def _call_order_problems(rec: Recorder, num_layers: int) -> list[str]:
+def _call_order_problems(rec: Recorder) -> list[str]:
     """Violations of the per-step call order: on_schedule, then (steps with fine-tuning rows) begin_step, the layer
     inputs in layer order, end_step, then the record; sink calls only for steps that carry fine-tuning rows."""
     problems: list[str] = []
@@ -635,7 +635,7 @@ def check_capture_activation__call_order(env: ConformanceEnv) -> None:
     env.run(make_prompts(env, 4, seed=60))
     if not rec.injected:
         raise _fail(env, "capture_activation", "the check could not inject any fine-tuning row")
-    problems = _call_order_problems(rec, env.host.model_spec().num_layers)  # type: ignore[attr-defined]
+    problems = _call_order_problems(rec)
     if problems:
         raise _fail(env, "capture_activation", "expected on_schedule → begin_step → layer inputs → end_step → record "
                     "per step; got: " + "; ".join(problems[:4]))
@@ -649,8 +649,6 @@ def _tensor_digest(state) -> str:  # noqa: ANN001
 def check_intercept_schedule__inputs_not_mutated(env: ConformanceEnv) -> None:
     """The host never mutates what the core hands it: the ProposedBatch it built and offered, the sequence of
     samples on_schedule returned, and the adapter weights given to set_finetune_adapter and publish_adapter."""
-    import copy
-
     ft = handed_copy(env.finetune_state)
     pub = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-immutable", version=3)
     before_ft, before_pub = _tensor_digest(ft), _tensor_digest(pub)
@@ -669,8 +667,7 @@ def check_intercept_schedule__inputs_not_mutated(env: ConformanceEnv) -> None:
     for step_id, (was, batch, handed, original) in rec.offered.items():
         if digest(batch) != was:
             raise _fail(env, "intercept_schedule", f"step {step_id}: the ProposedBatch offered to on_schedule changed "
-                        "after the call (expected it unchanged: the core keeps it to price the step); now "
-                        f"{copy.copy(batch)}")
+                        f"after the call (expected it unchanged: the core keeps it to price the step); now {batch}")
         if tuple(handed) != original:
             raise _fail(env, "intercept_schedule", f"step {step_id}: on_schedule returned samples "
                         f"{[s.sample_id for s in original]} and the host changed that sequence to "
@@ -993,7 +990,7 @@ def check_run_profile_step__synthetic_rows_never_reach_a_client(env: Conformance
                     "profile steps: synthetic rows left in the engine keep running")
 
 
-@check("lends_base_weights", requires=lambda caps: None)
+@check("lends_base_weights")
 def check_lends_base_weights__views_of_the_checkpoint(env: ConformanceEnv) -> None:
     """base_weights(), when offered, names every checkpoint parameter, holds its values in the activation dtype on
     the host's device, shares storage across calls (views, not copies) and stays unchanged while serving."""

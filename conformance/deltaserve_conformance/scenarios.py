@@ -204,7 +204,7 @@ class Invariants:
             if later:  # a step offered with requests, never reported, while later steps were
                 raise self.fail("report_step_time", f"step {step} was offered with requests but no record came, "
                                 f"although later steps {later[:3]} were reported")
-        problems = _call_order_problems(rec, num_layers)
+        problems = _call_order_problems(rec)
         if problems:
             raise self.fail("capture_activation", "expected on_schedule → begin_step → layer inputs → end_step → "
                             "record per step; " + "; ".join(problems[:3]))
@@ -274,9 +274,24 @@ def _limits(env: ConformanceEnv) -> tuple[int, int]:
     return (cfg.max_batch_tokens, cfg.max_running_requests) if cfg else (2048, 32)
 
 
+_ATTEMPTS = iter(range(10**9))
+
+
+def _context_length(env: ConformanceEnv) -> int:
+    """The checkpoint's context length: no sample is longer (a core's data pipeline truncates to its max_length,
+    and the protocol does not say what a host does with a sample it could never hold)."""
+    from transformers import AutoConfig
+
+    return int(getattr(AutoConfig.from_pretrained(env.model_dir), "max_position_embeddings", 1 << 30))
+
+
 def _play(env: ConformanceEnv, sc: Scenario) -> None:
     caps: HostCapabilities = env.host.capabilities()  # type: ignore[attr-defined]
     max_tokens, max_running = _limits(env)
+    longest = _context_length(env)
+    # Ids unique per attempt: hypothesis replays a failing example, and a host a failure left with live requests
+    # must not turn the replay into a duplicate-id error that hides the first failure.
+    attempt = next(_ATTEMPTS)
     rng = random.Random(sc.seed)
     template = _tokens(rng, sc.template, env.vocab_size)
     ids = rng.sample(range(10**6, 10**7), 64)  # arbitrary, unsorted ids: a host must not rely on their order
@@ -291,10 +306,11 @@ def _play(env: ConformanceEnv, sc: Scenario) -> None:
         rows = max_running - len(batch.scheduled)
         if sc.fill and len(plan) == len(sc.injections) - 1:
             total = int(room * sc.fill)
-            k = max(1, min(sc.fill_rows, total // 2, rows))
+            k = max(1, min(sc.fill_rows, total // 2, rows), -(-total // longest))
             lengths = [total // k + (1 if i < total % k else 0) for i in range(k)] if total >= 2 else []
         out: list[FineTuneSample] = []
         for n in lengths:  # the core never injects past the caps: keep the drawn order, drop what does not fit
+            n = min(n, longest)
             if n > room or len(out) >= rows or used[0] >= len(ids):
                 break
             room -= n
@@ -309,7 +325,7 @@ def _play(env: ConformanceEnv, sc: Scenario) -> None:
     requests = []
     for i, (n, new_tokens, adapted, at) in enumerate(sc.requests):
         prompt = (template + _tokens(rng, n, env.vocab_size))[:max(n, 1)] if template else _tokens(rng, n, env.vocab_size)
-        requests.append((at, ClientRequest(f"gen-{sc.seed}-{i}", prompt, new_tokens,
+        requests.append((at, ClientRequest(f"gen-{attempt}-{sc.seed}-{i}", prompt, new_tokens,
                                            adapter=env.client_adapter if adapted else None)))
     env.install(rec)
     try:
