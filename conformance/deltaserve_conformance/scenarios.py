@@ -277,18 +277,20 @@ def _limits(env: ConformanceEnv) -> tuple[int, int]:
 _ATTEMPTS = iter(range(10**9))
 
 
-def _context_length(env: ConformanceEnv) -> int:
-    """The checkpoint's context length: no sample is longer (a core's data pipeline truncates to its max_length,
-    and the protocol does not say what a host does with a sample it could never hold)."""
+def _longest_sample(env: ConformanceEnv) -> int:
+    """One token under the checkpoint's context length: a core's data pipeline truncates samples to its max_length,
+    the protocol does not say what a host does with a sample it cannot hold, and an engine that samples a token after
+    every finished prefill (vLLM) holds the sample plus that token. Longer samples are refused by such a host
+    (tests/test_vllm_host.py checks the refusal), so they are not the generated scenarios' concern."""
     from transformers import AutoConfig
 
-    return int(getattr(AutoConfig.from_pretrained(env.model_dir), "max_position_embeddings", 1 << 30))
+    return int(getattr(AutoConfig.from_pretrained(env.model_dir), "max_position_embeddings", 1 << 30)) - 1
 
 
 def _play(env: ConformanceEnv, sc: Scenario) -> None:
     caps: HostCapabilities = env.host.capabilities()  # type: ignore[attr-defined]
     max_tokens, max_running = _limits(env)
-    longest = _context_length(env)
+    longest = _longest_sample(env)
     # Ids unique per attempt: hypothesis replays a failing example, and a host a failure left with live requests
     # must not turn the replay into a duplicate-id error that hides the first failure.
     attempt = next(_ATTEMPTS)
