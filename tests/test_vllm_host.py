@@ -176,8 +176,13 @@ def test_samples_that_do_not_fit_are_reported_aborted(deltaserve_conformance_env
     """More rows than vLLM has request slots: none is injected, the record hands them back as aborted."""
     env = deltaserve_conformance_env
     slots = env.host.config.max_running_requests  # type: ignore[attr-defined]
-    samples = make_samples(env, slots + 1, lengths=[3] * (slots + 1), seed=51, first_id=800)
-    requests = make_prompts(env, 2, seed=51)
+    _assert_refused(env, make_samples(env, slots + 1, lengths=[3] * (slots + 1), seed=51, first_id=800), seed=51)
+
+
+def _assert_refused(env: ConformanceEnv, samples: list, seed: int) -> None:
+    """Injected into a step with client rows, ``samples`` are handed back as aborted, nothing of them is captured,
+    and the clients' outputs are those of a run without them."""
+    requests = make_prompts(env, 2, seed=seed)
     baseline = env.run(requests)
     inject, fired = _inject_once(samples)
     rec = Recorder(inject=inject)
@@ -186,9 +191,21 @@ def test_samples_that_do_not_fit_are_reported_aborted(deltaserve_conformance_env
     env.install(None)
     record = rec.record_for(fired[0])
     assert record is not None and record.finetune_sample_ids == ()
-    assert sorted(record.aborted_sample_ids) == [s.sample_id for s in samples]
+    assert sorted(record.aborted_sample_ids) == sorted(s.sample_id for s in samples)
     assert [o.token_ids for o in outputs] == [o.token_ids for o in baseline]
     assert rec.captures == []
+
+
+def test_sample_longer_than_the_model_context_is_reported_aborted(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """Samples of max_model_len tokens or more (found by the generated conformance scenarios: a longer one failed the
+    whole engine step in gpu_input_batch.add_request, one of exactly max_model_len the sampled-token bookkeeping,
+    clients' rows with it) are refused like any sample the step cannot take."""
+    from transformers import AutoConfig
+
+    env = deltaserve_conformance_env
+    longest = AutoConfig.from_pretrained(env.model_dir).max_position_embeddings
+    for i, n in enumerate((longest, longest + 76)):
+        _assert_refused(env, make_samples(env, 1, lengths=[n], seed=52 + i, first_id=900 + i), seed=52 + i)
 
 
 def test_unsupported_vllm_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:

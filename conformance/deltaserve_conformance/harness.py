@@ -7,6 +7,8 @@ so a failure can say precisely which call the host made or missed.
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -16,10 +18,42 @@ from pathlib import Path
 import torch
 
 from deltaserve_core.adapter_state import LoraAdapterState
-from deltaserve_core.driver import ClientOutput, ClientRequest
+from deltaserve_core.driver import ClientOutput, ClientRequest, HostConfig
 from deltaserve_core.types import FineTuneSample, ProposedBatch, StepRecord
 
-__all__ = ["Recorder", "ConformanceEnv", "make_prompts", "make_samples"]
+from .independent import IndependentModel
+
+__all__ = ["PROFILES", "Profile", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts", "make_samples"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How hard the generated checks look: examples per hypothesis check, rules per stateful run, shrinking."""
+
+    generated_examples: int
+    stateful_examples: int
+    stateful_steps: int
+    max_requests: int  # concurrent client requests per generated scenario (0: the host's max running + 2)
+    shrink: bool
+
+
+#: ``fast`` keeps CI within its budget (a fixed seed, no shrinking: a failure reports the example found);
+#: ``thorough`` is for maintainers before a release: many more examples, a fresh seed, minimal failing examples.
+PROFILES: dict[str, Profile] = {
+    "fast": Profile(generated_examples=8, stateful_examples=15, stateful_steps=30, max_requests=12, shrink=False),
+    "thorough": Profile(generated_examples=120, stateful_examples=50, stateful_steps=60, max_requests=0, shrink=True),
+}
+
+
+def handed_copy(state: LoraAdapterState) -> LoraAdapterState:
+    """A copy of ``state`` to hand a host: the suite's references keep the pristine weights, so a host that edits
+    what it is given fails the check that looks for that (``inputs_not_mutated``) and no other."""
+    return state.with_tensors({k: v.detach().clone() for k, v in state.tensors.items()}, version=state.version)
+
+
+def digest(obj: object) -> str:
+    """Content digest of plain protocol data (dataclasses of tuples and numbers), to see whether a host mutated it."""
+    return hashlib.sha256(pickle.dumps(obj, protocol=4)).hexdigest()
 
 
 @dataclass
@@ -41,35 +75,52 @@ class Recorder:
     ended: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list)
     record_received_at: list[float] = field(default_factory=list)
+    #: every call in the order the host made it: (kind, step_id); kinds are schedule, begin, layer, poll, end, record
+    events: list[tuple[str, int]] = field(default_factory=list)
+    #: request id -> how many batches had been offered when its on_arrival came
+    arrived_before_batch: dict[str, int] = field(default_factory=dict)
+    #: step_id -> (digest of the ProposedBatch when offered, the batch object, the list handed back)
+    offered: dict[int, tuple[str, ProposedBatch, list[FineTuneSample], tuple[FineTuneSample, ...]]] = \
+        field(default_factory=dict)
 
     # ScheduleInterceptor
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        self.events.append(("schedule", batch.step_id))
         self.batches.append(batch)
-        samples = tuple(self.inject(batch))
+        samples = list(self.inject(batch))
         if samples:
-            self.injected[batch.step_id] = samples
+            self.injected[batch.step_id] = tuple(samples)
+        # A list, not a tuple: a host that consumes (pops) what the core handed it is mutating core data, and
+        # the immutability check can only see that on a mutable container.
+        self.offered[batch.step_id] = (digest(batch), batch, samples, tuple(samples))
         return samples
 
     def on_arrival(self, request_id: str, arrival_time: float) -> None:
         self.arrivals.append((request_id, arrival_time))
+        self.arrived_before_batch.setdefault(request_id, len(self.batches))
 
     # ActivationSink
     def begin_step(self, step_id: int, samples: Sequence[FineTuneSample]) -> None:
+        self.events.append(("begin", step_id))
         self.begun.append((step_id, tuple(s.sample_id for s in samples)))
 
     def layer_input(self, step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        self.events.append(("layer", step_id))
         self.captures.append((step_id, layer, sample_id, hidden.detach().to("cpu", torch.float32).clone()))
 
     def should_abort(self, step_id: int) -> bool:
+        self.events.append(("poll", step_id))
         polls = sum(1 for s, _ in self.abort_polls if s == step_id)
         self.abort_polls.append((step_id, polls))
         return self.abort_after_layer is not None and polls >= self.abort_after_layer
 
     def end_step(self, step_id: int, completed: Sequence[int], aborted: Sequence[int]) -> None:
+        self.events.append(("end", step_id))
         self.ended.append((step_id, tuple(completed), tuple(aborted)))
 
     # StepSink
     def __call__(self, record: StepRecord) -> None:
+        self.events.append(("record", record.step_id))
         self.records.append(record)
         self.record_received_at.append(time.monotonic())
 
@@ -96,6 +147,20 @@ class ConformanceEnv:
     finetune_state: LoraAdapterState  # weights installed on the reserved adapter
     vocab_size: int
     dtype: str = "float32"
+    #: ``fast`` (CI) or ``thorough`` (maintainers): how many generated scenarios the hypothesis checks run
+    profile: str = "fast"
+    #: hypothesis seed of the generated checks; printed in every failure so a run can be replayed
+    seed: int = 0
+    #: the limits the host was started with (max_batch_tokens, max_running_requests); scenarios fill up to them
+    config: HostConfig | None = None
+    _independent: IndependentModel | None = field(default=None, repr=False)
+
+    @property
+    def independent(self) -> IndependentModel:
+        """transformers + PEFT over the same checkpoint: what host outputs and captures are judged against."""
+        if self._independent is None:
+            self._independent = IndependentModel(self.model_dir)
+        return self._independent
 
     def install(self, recorder: Recorder | None) -> None:
         """Install ``recorder`` on all three hooks (``None`` removes them)."""

@@ -21,7 +21,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import HostConfig
 from deltaserve_core.hooks import validate_host
 
-from .harness import ConformanceEnv
+from .harness import PROFILES, ConformanceEnv, handed_copy
 
 CLIENT_ADAPTER = "conformance-client"
 
@@ -36,6 +36,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="engine-specific HostConfig.options entry (repeatable)")
     group.addoption("--xfails-file", default=None,
                     help="file of check names (one per line, '#' comments) expected to fail on this host")
+    group.addoption("--conformance-profile", default="fast", choices=sorted(PROFILES),
+                    help="generated-scenario budget: fast (CI) or thorough (maintainers; many more examples)")
+    group.addoption("--conformance-seed", default=None, type=int,
+                    help="seed of the generated scenarios (default: 0 for fast, a fresh one for thorough); "
+                         "every failure prints the seed that replays it")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,7 +81,7 @@ def _factory(spec: str):  # noqa: ANN202
 
 def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
               options: dict[str, str] | None = None, cache_dir: Path | None = None,
-              validate: bool = True) -> ConformanceEnv:
+              validate: bool = True, profile: str = "fast", seed: int | None = None) -> ConformanceEnv:
     """Build the tiny checkpoint + adapters (cached) and start the host; used by the fixture and the meta-tests."""
     from deltaserve_core.testing.tiny_model import build_lora_adapter, build_tiny_llama
 
@@ -90,13 +95,16 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
     if validate:
         validate_host(host)
     state = LoraAdapterState.load_pretrained(ft_dir, name="conformance-finetune", version=0)
-    host.set_finetune_adapter(state)
+    host.set_finetune_adapter(handed_copy(state))
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    if seed is None:
+        # fast replays one fixed seed (CI is reproducible); thorough explores a new part of the space every run
+        seed = 0 if profile == "fast" else int.from_bytes(os.urandom(4), "little")
     return ConformanceEnv(host=host, host_name=getattr(host, "name", host_spec), model_dir=Path(model_dir),
                           client_adapter=CLIENT_ADAPTER, client_adapter_dir=Path(client_dir), finetune_state=state,
-                          vocab_size=vocab, dtype=dtype)
+                          vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config)
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +114,8 @@ def deltaserve_conformance_env(request: pytest.FixtureRequest) -> Iterator[Confo
         pytest.skip("no host selected: run `deltaserve conformance HOST` or pytest with --host=HOST")
     options = dict(o.split("=", 1) for o in request.config.getoption("--host-option"))
     env = build_env(spec, device=request.config.getoption("--host-device"),
-                    dtype=request.config.getoption("--host-dtype"), options=options)
+                    dtype=request.config.getoption("--host-dtype"), options=options,
+                    profile=request.config.getoption("--conformance-profile"),
+                    seed=request.config.getoption("--conformance-seed"))
     yield env
     env.host.shutdown()  # type: ignore[attr-defined]

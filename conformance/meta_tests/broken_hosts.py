@@ -17,6 +17,29 @@ from deltaserve_core.testing.reference_host import ReferenceHost
 from deltaserve_core.types import ExecutionMode, FineTuneSample, HostCapabilities, ProposedBatch, StepRecord
 
 
+class _Interceptor:
+    """Wraps the core's interceptor; subclasses change on_schedule, arrivals pass through."""
+
+    def __init__(self, inner: ScheduleInterceptor) -> None:
+        self.inner = inner
+
+    def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        return self.inner.on_schedule(batch)
+
+    def on_arrival(self, request_id: str, arrival_time: float) -> None:
+        self.inner.on_arrival(request_id, arrival_time)
+
+
+class _WrapsInterceptor(ReferenceHost):
+    """A reference host that installs ``self.wrap(interceptor)`` in place of the core's interceptor."""
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        raise NotImplementedError
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        super().intercept_schedule(None if interceptor is None else self.wrap(interceptor))
+
+
 class DoubleInterceptHost(ReferenceHost):
     """Calls on_schedule twice for one step (e.g. a scheduler hook installed on two code paths)."""
 
@@ -118,12 +141,7 @@ class ReservedAdapterHost(ReferenceHost):
         from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
 
         if request.adapter == RESERVED_ADAPTER_NAME:
-            import time
-
-            from deltaserve_core.testing.reference_host import _Seq
-
-            self._waiting.append(_Seq(request, time.monotonic()))
-            return
+            return self._enqueue(request)
         super().submit(request)
 
 
@@ -311,22 +329,495 @@ class MistypedHookHost(ReferenceHost):
         return super().intercept_schedule(callback)
 
 
-#: broken host -> the one check it must fail
-TARGETS: dict[type[ReferenceHost], str] = {
+# ---------------------------------------------------------------------------------------------- issue #15
+# Each of these passes the first suite (17 checks); the check named in TARGETS is the one that stops it.
+
+
+class SilentArrivalHost(_WrapsInterceptor):
+    """Never tells the core a request arrived (the adapter wired on_arrival to its HTTP server only)."""
+
+    name = "broken-silent-arrival"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        class Deaf(_Interceptor):
+            def on_arrival(self, request_id: str, arrival_time: float) -> None:
+                pass
+
+        return Deaf(interceptor)
+
+
+class LateBeginStepHost(ReferenceHost):
+    """Calls begin_step lazily, from the first layer hook, after layer 0's input was already delivered."""
+
+    name = "broken-late-begin"
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+        pending: list[tuple] = []
+
+        class Lazy(_ShiftedSink):
+            def begin_step(self, step_id, samples):  # noqa: ANN001, ANN202
+                pending.append((step_id, samples))
+
+            def layer_input(self, step_id, layer, sample_id, hidden):  # noqa: ANN001, ANN202
+                self.sink.layer_input(step_id, layer, sample_id, hidden)
+                while pending:
+                    self.sink.begin_step(*pending.pop(0))
+
+        super().capture_activation(Lazy(sink))
+
+
+class FoldsScalingInPlaceHost(ReferenceHost):
+    """Folds the fine-tuning adapter's scaling into B *in the tensors the core handed over* and runs with scaling 1:
+    forwards are right, but the core's training weights are silently rescaled."""
+
+    name = "broken-folds-scaling"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        for key, t in state.tensors.items():
+            if key.endswith("lora_B.weight"):
+                t.mul_(state.config.scaling)
+        lora = self._to_lora(state)
+        self._adapters[RESERVED_ADAPTER_NAME] = type(lora)(1.0, lora.pairs)
+
+
+class EarlyClockHost(ReferenceHost):
+    """Stops the step clock when the forward was launched, not when it finished (what an async engine measures
+    without a device sync): durations are a sliver of the real step."""
+
+    name = "broken-early-clock"
+
+    def report_step_time(self, sink):  # noqa: ANN001, ANN201
+        if sink is None:
+            return super().report_step_time(None)
+        import dataclasses
+
+        super().report_step_time(lambda r: sink(r if r.synthetic else dataclasses.replace(
+            r, duration_s=r.duration_s * 0.02)))
+
+
+class AbortKeepsComputingHost(ReferenceHost):
+    """On abort it stops capturing and reports the samples aborted, but the forward still runs every layer."""
+
+    name = "broken-abort-computes"
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+        host = self
+
+        class Finish(_ShiftedSink):
+            def layer_input(self, step_id, layer, sample_id, hidden):  # noqa: ANN001, ANN202
+                self.sink.layer_input(step_id, layer, sample_id, hidden)
+
+            def end_step(self, step_id, completed, aborted):  # noqa: ANN001, ANN202
+                if aborted:  # the layers the abort "skipped", computed anyway
+                    rows = host._last_rows
+                    hidden = torch.zeros(sum(r.length for r in rows), host.model.config.hidden_size,
+                                         dtype=host.dtype)
+                    positions = torch.arange(hidden.shape[0]).unsqueeze(0)
+                    cos, sin = host._inner.rotary_emb(hidden.unsqueeze(0), positions)
+                    with torch.inference_mode():
+                        for li, layer in enumerate(host._layers):
+                            hidden = host._layer(li, layer, hidden, rows, cos, sin, {})
+                self.sink.end_step(step_id, completed, aborted)
+
+        super().capture_activation(Finish(sink))
+
+    _last_rows: list = []
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        self._last_rows = rows
+        return super()._execute(step_id, rows, tokens, synthetic)
+
+
+class NormalisingAdapterNamesHost(ReferenceHost):
+    """Looks adapters up case- and whitespace-insensitively (after the exact reserved-name check), so
+    ``" __DELTASERVE_FINETUNE__"`` reaches the fine-tuning adapter."""
+
+    name = "broken-normalised-names"
+
+    def submit(self, request: ClientRequest) -> None:
+        import dataclasses
+
+        from deltaserve_core.driver import check_client_adapter
+
+        if request.adapter is not None:
+            folded = {k.strip().lower(): k for k in self._adapters}
+            key = folded.get(request.adapter.strip().lower())
+            check_client_adapter(request, {request.adapter} if key else self._adapters)  # exact reserved check
+            if key is not None:
+                return self._enqueue(dataclasses.replace(request, adapter=key))
+        super().submit(request)
+
+
+class TrainingNameServedHost(ReferenceHost):
+    """Registers the fine-tuning weights under the job's adapter name too (as a LoRA engine keyed by name does), so
+    clients can request the training adapter by that name."""
+
+    name = "broken-training-name"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        super().set_finetune_adapter(state)
+        self._adapters[state.name] = self._to_lora(state)
+        self._adapters[f"{state.name}@v{state.version}"] = self._adapters[state.name]
+
+
+class PrefixCacheFinetuneHost(_WrapsInterceptor):
+    """Fine-tuning rows read the prefix cache: whole 16-token blocks already seen in an earlier prompt or sample are
+    served from cache, so only the rest of the sample is computed (and captured)."""
+
+    name = "broken-prefix-cache"
+    _block = 16
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._cached: set[tuple[int, ...]] = set()
+
+    def _remember(self, ids: Sequence[int]) -> None:
+        for end in range(self._block, len(ids) + 1, self._block):
+            self._cached.add(tuple(ids[:end]))
+
+    def _hit(self, ids: Sequence[int]) -> int:
+        hit = 0
+        for end in range(self._block, len(ids) - 1, self._block):
+            if tuple(ids[:end]) in self._cached:
+                hit = end
+        return hit
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class Cached(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                out = []
+                for s in self.inner.on_schedule(batch):
+                    hit = host._hit(s.input_ids)
+                    host._remember(s.input_ids)
+                    out.append(s if not hit else FineTuneSample(s.sample_id, s.input_ids[hit:], s.loss_mask[hit:],
+                                                                s.epoch))
+                return out
+
+        return Cached(interceptor)
+
+    def submit(self, request: ClientRequest) -> None:
+        super().submit(request)
+        self._remember(request.prompt_ids)
+
+
+class FirstFinetuneAdapterOnlyHost(ReferenceHost):
+    """Loads the reserved adapter once; later set_finetune_adapter calls are ignored (vLLM's add_lora with an id it
+    already holds is a no-op unless load_inplace is set)."""
+
+    name = "broken-first-adapter-only"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        if RESERVED_ADAPTER_NAME not in self._adapters:
+            super().set_finetune_adapter(state)
+
+
+class PublishScalingHost(ReferenceHost):
+    """Loads published adapters without their lora_alpha/r scaling (taking PEFT's saved B as pre-scaled)."""
+
+    name = "broken-publish-scaling"
+
+    def publish_adapter(self, state):  # noqa: ANN001, ANN201
+        name = super().publish_adapter(state)
+        self._adapters[name] = type(self._adapters[name])(1.0, self._adapters[name].pairs)
+        return name
+
+
+class SharedScalingHost(ReferenceHost):
+    """A scaling slip in the one LoRA loader every client and published adapter goes through (the first suite
+    compared published outputs with the client path, so the slip cancelled out)."""
+
+    name = "broken-shared-scaling"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        lora = super()._to_lora(state)
+        if state.name.startswith("__deltaserve") or state.name == "conformance-finetune":
+            return lora
+        return type(lora)(lora.scaling / 2 ** 0.5, lora.pairs)  # rsLoRA's alpha/sqrt(r) where alpha/r is meant
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        self._adapters[RESERVED_ADAPTER_NAME] = ReferenceHost._to_lora(self, state)
+
+
+class StableNameStaleKVHost(ReferenceHost):
+    """Publishes every version under one stable name, swapping weights in place, and keeps its prefix cache: the
+    first token of a prompt seen before comes from KV computed with the older version."""
+
+    name = "broken-stale-kv"
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._first_token: dict[tuple, int] = {}
+
+    def publish_adapter(self, state):  # noqa: ANN001, ANN201
+        self._adapters[state.name] = self._to_lora(state)
+        return state.name
+
+    def _sample(self, rows, hidden):  # noqa: ANN001, ANN202
+        fresh = [r for r in rows if r.seq is not None and not r.seq.output]
+        super()._sample(rows, hidden)
+        for r in fresh:
+            key = (r.seq.request.adapter, r.seq.request.prompt_ids)
+            if r.seq.request.adapter in self.config.client_adapters or r.seq.request.adapter is None:
+                continue
+            if key in self._first_token:
+                r.seq.output[0] = self._first_token[key]
+            else:
+                self._first_token[key] = r.seq.output[0]
+
+
+class StatefulGraphModeHost(ReferenceHost):
+    """graph_mode answers from the runner's state for the step it expects next, not from the batch's shape."""
+
+    name = "broken-impure-graph-mode"
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        expected_next = getattr(self, "_next_step", 0)
+        self._next_step = max(expected_next, batch.step_id + 1)
+        return ExecutionMode.GRAPH if batch.step_id > expected_next + 1000 else ExecutionMode.EAGER
+
+
+class DriftingCapabilitiesHost(ReferenceHost):
+    """Shrinks max_finetune_tokens_per_step as the KV cache fills (capabilities must be constant)."""
+
+    name = "broken-drifting-capabilities"
+
+    def capabilities(self) -> HostCapabilities:
+        import dataclasses
+
+        caps = super().capabilities()
+        used = sum(s.context for s in self._running)
+        return caps if not used else dataclasses.replace(caps, max_finetune_tokens_per_step=max(
+            64, caps.max_finetune_tokens_per_step - used))
+
+
+class ProfileLeakHost(ReferenceHost):
+    """Runs profile steps through the client path and hands their results out with the next step's outputs."""
+
+    name = "broken-profile-leak"
+    _leaked: list[ClientOutput] = []
+
+    def run_profile_step(self, shape):  # noqa: ANN001, ANN201
+        record = super().run_profile_step(shape)
+        self._leaked = self._leaked + [ClientOutput(f"profile-{record.step_id}-{i}", (1,), 0.0, 0.0, 0.0)
+                                       for i in range(len(shape.prefill_lengths))]
+        return record
+
+    def step(self) -> list[ClientOutput]:
+        leaked, self._leaked = self._leaked, []
+        return super().step() + leaked
+
+
+class WindowedFinetuneAttentionHost(ReferenceHost):
+    """Fine-tuning rows attend through a 56-token sliding window (a paged-attention window set for another model):
+    correct for short samples only."""
+
+    name = "broken-windowed-attention"
+    _window = 56
+
+    def _layer(self, li, layer, hidden, rows, cos, sin, index):  # noqa: ANN001, ANN202
+        import torch.nn.functional as F
+
+        long_ft = [r for r in rows if r.sample is not None and r.length > self._window]
+        if not long_ft:
+            return super()._layer(li, layer, hidden, rows, cos, sin, index)
+        sdpa = F.scaled_dot_product_attention
+        lengths = {r.length for r in long_ft}
+
+        def windowed(q, k, v, attn_mask=None, **kw):  # noqa: ANN001, ANN202
+            if attn_mask is not None and q.shape[-2] in lengths and attn_mask.shape[-1] == q.shape[-2]:
+                pos = torch.arange(q.shape[-2])
+                attn_mask = attn_mask & (pos[None, :] > pos[:, None] - self._window)
+            return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+        F.scaled_dot_product_attention = windowed
+        try:
+            return super()._layer(li, layer, hidden, rows, cos, sin, index)
+        finally:
+            F.scaled_dot_product_attention = sdpa
+
+
+class ThirdRowLeakHost(ReferenceHost):
+    """A step's third and later fine-tuning rows are handed to clients (their output slots are indexed from 2)."""
+
+    name = "broken-third-row-leak"
+
+    def step(self) -> list[ClientOutput]:
+        self._ft_now: tuple[int, ...] = ()
+        outputs = super().step()
+        return outputs + [ClientOutput(f"row-{sid}", (0,), 0.0, 0.0, 0.0) for sid in self._ft_now[2:]]
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        record = super()._execute(step_id, rows, tokens, synthetic)
+        self._ft_now = record.finetune_sample_ids
+        return record
+
+
+class MisorderedSampleIdsHost(_WrapsInterceptor):
+    """Sorts a step's fine-tuning rows by length for its kernel but labels them with the ids in the order the core
+    returned them: right only when the core injects shortest first."""
+
+    name = "broken-misordered-ids"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        class Sorted(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                given = list(self.inner.on_schedule(batch))
+                rows = sorted(given, key=lambda s: s.num_tokens)
+                return [FineTuneSample(g.sample_id, r.input_ids, r.loss_mask, r.epoch) for g, r in zip(given, rows)]
+
+        return Sorted(interceptor)
+
+
+class FullStepDropsRowsHost(_WrapsInterceptor):
+    """When a step with client rows would exceed half its token budget, drops the fine-tuning rows that do not fit,
+    without reporting them (neither completed nor aborted)."""
+
+    name = "broken-drops-rows"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        budget = self.config.max_batch_tokens // 2
+
+        class Dropping(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = list(self.inner.on_schedule(batch))
+                if not batch.scheduled:
+                    return samples
+                room = budget - sum(batch.prefill_lengths) - batch.num_decode
+                kept = []
+                for s in samples:
+                    if s.num_tokens <= room:
+                        kept.append(s)
+                        room -= s.num_tokens
+                return kept
+
+        return Dropping(interceptor)
+
+
+class GraphAboveCaptureSizesHost(ReferenceHost):
+    """Claims CUDA-graph replay for every pure-decode batch, also above its largest captured size (8), where the
+    engine actually falls back to eager."""
+
+    name = "broken-graph-above-capture"
+
+    def capabilities(self) -> HostCapabilities:
+        import dataclasses
+
+        return dataclasses.replace(super().capabilities(),
+                                   graph_modes=frozenset({ExecutionMode.GRAPH, ExecutionMode.EAGER}))
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        return ExecutionMode.GRAPH if batch.num_decode > 8 and not batch.has_prefill else ExecutionMode.EAGER
+
+
+class PublishedRowsGetTrainingWeightsHost(ReferenceHost):
+    """In steps that carry fine-tuning rows, rows on published adapters run with the reserved (training) adapter:
+    the adapter slot of the newest version is shared with the fine-tuning rows."""
+
+    name = "broken-published-gets-training"
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._published: set[str] = set()
+
+    def publish_adapter(self, state):  # noqa: ANN001, ANN201
+        name = super().publish_adapter(state)
+        self._published.add(name)
+        return name
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        if any(r.sample is not None for r in rows) and not synthetic:
+            for r in rows:
+                if r.adapter in self._published:
+                    r.adapter = RESERVED_ADAPTER_NAME
+        return super()._execute(step_id, rows, tokens, synthetic)
+
+
+class DeferredFinetuneAdapterHost(ReferenceHost):
+    """Defers set_finetune_adapter while client requests are in flight (to avoid a pause) and applies it only on
+    the next fine-tuning-only step: rows injected meanwhile run with the old weights."""
+
+    name = "broken-deferred-adapter"
+    _deferred = None
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        if self.has_unfinished():
+            self._deferred = state
+            return
+        self._deferred = None
+        super().set_finetune_adapter(state)
+
+    def run_idle_step(self) -> bool:
+        if self._deferred is not None:
+            ReferenceHost.set_finetune_adapter(self, self._deferred)
+            self._deferred = None
+        return super().run_idle_step()
+
+
+#: broken host -> the check it must fail (a tuple: a rule two checks enforce; it must fail all, nothing else)
+TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
-    NextStepInjectionHost: "intercept_schedule__injected_rows_run_in_same_step",
-    LeakyHost: "intercept_schedule__no_finetune_row_reaches_client",
-    DriftingOutputsHost: "intercept_schedule__outputs_unchanged_by_injection",
+    # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
+    NextStepInjectionHost: ("intercept_schedule__injected_rows_run_in_same_step", "capture_activation__call_order",
+                            "intercept_schedule__finetune_rows_read_no_prefix_cache"),
+    LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
+                "run_profile_step__synthetic_rows_never_reach_a_client"),
+    DriftingOutputsHost: ("intercept_schedule__outputs_unchanged_by_injection",
+                          "intercept_schedule__client_outputs_match_independent_model"),
     SchedulingChangesHost: "intercept_schedule__declining_leaves_batch_unchanged",
     ReservedAdapterHost: "intercept_schedule__reserved_adapter_refused",
-    WrongCaptureHost: "capture_activation__matches_reference_forward",
+    # every check that compares captures with transformers + PEFT sees the scaled capture
+    WrongCaptureHost: ("capture_activation__matches_reference_forward",
+                       "intercept_schedule__finetune_rows_read_no_prefix_cache",
+                       "set_finetune_adapter__later_rows_use_the_new_weights"),
     CapturesInferenceRowsHost: "capture_activation__only_finetune_rows_in_layer_order",
-    IgnoresAbortHost: "capture_activation__abort_stops_finetune_only_step",
+    # never polling is both: the step is not stopped, and nothing stops its compute
+    IgnoresAbortHost: ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute"),
     DuplicateRecordHost: "report_step_time__one_record_per_step",
     LaunchTimeHost: "report_step_time__consistent_with_wall_clock",
     LyingGraphModeHost: "graph_mode__agrees_with_execution",
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
-    StalePublishHost: "publish_adapter__serves_published_weights",
-    SlotSpillHost: "publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
+    StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv"),
+    # once its slots are full (after the slot check) base rows of later checks get the delta too
+    SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
+                    "intercept_schedule__client_outputs_match_independent_model"),
     MistypedHookHost: "protocol__validate_host",
+    SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
+    LateBeginStepHost: "capture_activation__call_order",
+    FoldsScalingInPlaceHost: "intercept_schedule__inputs_not_mutated",
+    EarlyClockHost: "report_step_time__duration_not_below_device_time",
+    AbortKeepsComputingHost: "capture_activation__abort_stops_compute",
+    NormalisingAdapterNamesHost: "intercept_schedule__reserved_adapter_variants_refused",
+    TrainingNameServedHost: "intercept_schedule__reserved_adapter_variants_refused",
+    PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
+    FirstFinetuneAdapterOnlyHost: "set_finetune_adapter__later_rows_use_the_new_weights",
+    PublishScalingHost: ("publish_adapter__serves_published_weights",
+                         "publish_adapter__new_version_never_served_stale_kv"),
+    SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
+                        "publish_adapter__serves_published_weights",
+                        "publish_adapter__new_version_never_served_stale_kv"),
+    StableNameStaleKVHost: "publish_adapter__new_version_never_served_stale_kv",
+    StatefulGraphModeHost: "graph_mode__pure_function_of_shape",
+    DriftingCapabilitiesHost: "capabilities__constant_for_the_host_lifetime",
+    ProfileLeakHost: "run_profile_step__synthetic_rows_never_reach_a_client",
+    WindowedFinetuneAttentionHost: "generated__scenarios_keep_every_invariant",
+    ThirdRowLeakHost: "generated__scenarios_keep_every_invariant",
+    MisorderedSampleIdsHost: "generated__scenarios_keep_every_invariant",
+    FullStepDropsRowsHost: "generated__scenarios_keep_every_invariant",
+    GraphAboveCaptureSizesHost: "generated__scenarios_keep_every_invariant",
+    PublishedRowsGetTrainingWeightsHost: "stateful__interleaved_operations_keep_every_invariant",
+    DeferredFinetuneAdapterHost: "stateful__interleaved_operations_keep_every_invariant",
 }

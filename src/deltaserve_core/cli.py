@@ -56,6 +56,9 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if args.xfails_file:
         argv.append(f"--xfails-file={args.xfails_file}")
     argv += [f"--host-option={o}" for o in args.option]
+    argv.append(f"--conformance-profile={args.profile}")
+    if args.seed is not None:
+        argv.append(f"--conformance-seed={args.seed}")
     argv += ["-v"] if args.verbose else ["-q"]
     return int(pytest.main(argv + list(args.pytest_args)))
 
@@ -99,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--xfails-file", default=None, help="checks expected to fail on this host (one name per line)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="engine-specific host option")
+    p.add_argument("--profile", default="fast", choices=["fast", "thorough"],
+                   help="generated scenarios: fast (CI, fixed seed) or thorough (many more examples, fresh seed)")
+    p.add_argument("--seed", type=int, default=None, help="replay the generated scenarios of this seed")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     p.set_defaults(func=_cmd_conformance)

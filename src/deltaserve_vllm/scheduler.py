@@ -240,9 +240,14 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
                  if r in self.requests and self.requests[r].lora_request is not None}
         loras.add(lora.lora_int_id)  # type: ignore[attr-defined]
         # No row is in flight here (schedule() refuses first), so the bound is the synchronous path's.
+        # A sample of max_model_len tokens or more does not fit: the worker's per-request token buffers hold
+        # max_model_len, and the runner books the token it samples after every finished prefill (FT rows too) against
+        # that length. vLLM refuses such prompts at add_request; an injected one would fail the whole engine step
+        # (clients' rows with it), so it is refused here like any sample the step cannot take.
         if (tokens > self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
                 or len(self.running) + len(samples) > self.max_num_running_reqs
-                or len(loras) > self.lora_config.max_loras):
+                or len(loras) > self.lora_config.max_loras
+                or max(s.num_tokens for s in samples) >= self.max_model_len):
             return {}, samples
         requests: list[tuple[Request, FineTuneSample, Any]] = []
         for s in samples:

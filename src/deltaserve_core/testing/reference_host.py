@@ -199,6 +199,10 @@ class ReferenceHost:
         if len(request.prompt_ids) > self.config.max_batch_tokens:
             raise ValueError(f"request {request.request_id!r}: prompt of {len(request.prompt_ids)} tokens exceeds "
                              f"max_batch_tokens={self.config.max_batch_tokens}; raise it in HostConfig")
+        self._enqueue(request)
+
+    def _enqueue(self, request: ClientRequest) -> None:
+        """Queue an admitted request and tell the core it arrived (``submit`` after its checks)."""
         now = time.monotonic()
         with self._lock:
             self._waiting.append(_Seq(request, now))

@@ -1,0 +1,182 @@
+"""Every normative sentence of the host protocol, and the check(s) that enforce it.
+
+The protocol is written down in the docstrings (and ``#:`` comments) of :mod:`deltaserve_core.hooks` and
+:mod:`deltaserve_core.types`. :func:`documented_rules` parses them: a sentence is a rule when it says *must*,
+*never*, *exactly* or *once per*. :data:`RULES` maps each one to the checks that enforce it, or says why none can
+(an obligation of the core, which the suite's recorders keep by construction). The meta-test
+``test_rules.py`` fails when a new rule appears without an entry here, so the contract cannot grow past the suite.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Rule", "DocumentedRule", "RULES", "documented_rules", "rules_for"]
+
+_NORMATIVE = re.compile(r"\b(must|never|exactly|once per)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class DocumentedRule:
+    """One normative sentence: where it is written (``Class.method`` or ``#:`` + the constant) and its text."""
+
+    where: str
+    sentence: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Entry of :data:`RULES`: ``phrase`` identifies the sentence (a substring of it, whitespace-normalised)."""
+
+    where: str
+    phrase: str
+    checks: tuple[str, ...] = ()
+    #: why no host check exists (an obligation of the core, kept by the suite's own recorders)
+    core_obligation: str = ""
+
+    @property
+    def sentence(self) -> str:
+        return next((d.sentence for d in documented_rules() if d.where == self.where and self.phrase in d.sentence),
+                    self.phrase)
+
+
+def _sentences(text: str) -> list[str]:
+    text = " ".join(text.split())
+    # Split at sentence ends and list bullets; ". " inside ``code`` spans is rare enough in these docstrings.
+    parts = re.split(r"(?<=[.;])\s+(?=[A-Z*`(])|\s+[-*]\s+(?=``)", text)
+    return [p.strip() for p in parts if p.strip()]
+
+
+_CACHE: list[DocumentedRule] | None = None
+
+
+def documented_rules() -> list[DocumentedRule]:
+    """Parse hooks.py and types.py (the installed ones) for normative sentences."""
+    global _CACHE
+    if _CACHE is not None:
+        return _CACHE
+    import deltaserve_core.hooks as hooks
+    import deltaserve_core.types as types
+
+    found: list[DocumentedRule] = []
+    for module in (hooks, types):
+        source = Path(module.__file__).read_text()  # type: ignore[arg-type]
+        tree = ast.parse(source)
+
+        def walk(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.ClassDef, ast.FunctionDef)):
+                    where = prefix + child.name
+                    for s in _sentences(ast.get_docstring(child) or ""):
+                        if _NORMATIVE.search(s):
+                            found.append(DocumentedRule(where, s))
+                    walk(child, where + ".")
+
+        walk(tree, "")
+        lines = source.splitlines()
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            if stripped.startswith("#:"):
+                target = lines[i + 1].split("=")[0].split(":")[0].strip() if i + 1 < len(lines) else "?"
+                for s in _sentences(stripped[2:]):
+                    if _NORMATIVE.search(s):
+                        found.append(DocumentedRule(f"#:{target}", s))
+    _CACHE = found
+    return found
+
+
+_CORE = "the core's obligation; the suite's recorders keep it by construction"
+
+RULES: tuple[Rule, ...] = (
+    Rule("#:RESERVED_ADAPTER_NAME", "Hosts must refuse client requests naming it",
+         ("intercept_schedule__reserved_adapter_refused", "intercept_schedule__reserved_adapter_variants_refused")),
+    Rule("#:REQUIRED_MEMBERS", "Every member a host must provide", ("protocol__validate_host",)),
+    Rule("ScheduleInterceptor.on_schedule", "exactly once per step",
+         ("intercept_schedule__once_per_step", "generated__scenarios_keep_every_invariant",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("ScheduleInterceptor.on_schedule", "an empty sequence means the step runs exactly as the host proposed it",
+         ("intercept_schedule__injected_rows_run_in_same_step", "intercept_schedule__declining_leaves_batch_unchanged",
+          "generated__scenarios_keep_every_invariant")),
+    Rule("ScheduleInterceptor.on_schedule", "Must return within tens of microseconds",
+         core_obligation=_CORE + " (the recorders return at once)"),
+    Rule("ScheduleInterceptor.on_schedule", "Never blocks, never raises",
+         core_obligation=_CORE + " (the recorders never block or raise)"),
+    Rule("ScheduleInterceptor.on_arrival", "once per client request",
+         ("intercept_schedule__on_arrival_once_per_client_request",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("ScheduleInterceptor.on_arrival", "Must not block", core_obligation=_CORE),
+    Rule("ActivationSink.begin_step", "Called once per such step, before layer 0",
+         ("capture_activation__call_order", "generated__scenarios_keep_every_invariant")),
+    Rule("ActivationSink.layer_input", "Called once per (layer, fine-tuning sample)",
+         ("capture_activation__only_finetune_rows_in_layer_order", "capture_activation__matches_reference_forward", "capture_activation__call_order",
+          "generated__scenarios_keep_every_invariant")),
+    Rule("ActivationSink.layer_input", "Never called for inference rows",
+         ("capture_activation__only_finetune_rows_in_layer_order", "generated__scenarios_keep_every_invariant")),
+    Rule("ActivationSink.should_abort", "Whether the host must stop a fine-tuning-only step now",
+         ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("HostHooks", "never concurrently with itself",
+         core_obligation=_CORE + " (checks call the host from one thread)"),
+    Rule("HostHooks.capabilities", "must be cheap and constant", ("capabilities__constant_for_the_host_lifetime",)),
+    Rule("HostHooks.intercept_schedule", "once per step before dispatch",
+         ("intercept_schedule__once_per_step", "intercept_schedule__injected_rows_run_in_same_step",
+          "intercept_schedule__declining_leaves_batch_unchanged", "intercept_schedule__inputs_not_mutated",
+          "intercept_schedule__finetune_rows_read_no_prefix_cache",
+          "intercept_schedule__no_finetune_row_reaches_client", "intercept_schedule__outputs_unchanged_by_injection",
+          "intercept_schedule__client_outputs_match_independent_model", "intercept_schedule__on_arrival_once_per_client_request",
+          "generated__scenarios_keep_every_invariant", "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("HostHooks.capture_activation", "must run eagerly", ("graph_mode__finetune_steps_are_eager",
+                                                             "generated__scenarios_keep_every_invariant")),
+    Rule("HostHooks.report_step_time", "exactly one :class:`StepRecord` per executed step",
+         ("report_step_time__one_record_per_step", "report_step_time__consistent_with_wall_clock",
+          "report_step_time__duration_not_below_device_time", "report_step_time__profile_step_reports_its_shape",
+          "generated__scenarios_keep_every_invariant", "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("HostHooks.graph_mode", "Called by the core inside ``on_schedule``",
+         core_obligation=_CORE + " (checks call graph_mode from the thread that drives the host)"),
+    Rule("HostHooks.graph_mode", "Must be a pure function",
+         ("graph_mode__pure_function_of_shape", "graph_mode__agrees_with_execution",
+          "generated__scenarios_keep_every_invariant")),
+    Rule("HostHooks.set_finetune_adapter", "never while a step carrying fine-tuning rows is in flight",
+         core_obligation=_CORE + " (checks call it between steps only)"),
+    Rule("HostHooks.set_finetune_adapter", "must use exactly these weights",
+         ("set_finetune_adapter__later_rows_use_the_new_weights", "intercept_schedule__inputs_not_mutated",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("HostHooks.publish_adapter", "must never serve KV computed with older weights",
+         ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
+          "publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("HostHooks.run_profile_step", "Synthetic rows never reach a client",
+         ("run_profile_step__synthetic_rows_never_reach_a_client", "report_step_time__profile_step_reports_its_shape",
+          "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("LendsBaseWeights.base_weights", "Called by: the core, once per",
+         core_obligation=_CORE + " (the check calls it from the owning process)"),
+    Rule("LendsBaseWeights.base_weights", "never a copy", ("lends_base_weights__views_of_the_checkpoint",)),
+    Rule("LendsBaseWeights.base_weights", "must not lend them", ("lends_base_weights__views_of_the_checkpoint",)),
+    Rule("HostCapabilities", "S-LoRA never mixes them",
+         core_obligation=_CORE + " (checks inject into prefill steps only when mixed_batches is False)"),
+    Rule("HostCapabilities", "the core never injects more",
+         core_obligation=_CORE + " (the generated scenarios fill up to the cap, never past it)"),
+    Rule("HostCapabilities", "never reused under another",
+         core_obligation="the calibration store's obligation (tests/test_calibration.py)"),
+)
+
+
+def rules_for(check_name: str) -> list[Rule]:
+    """The documented rules a check enforces (for its failure message)."""
+    return [r for r in RULES if check_name in r.checks]
+
+
+def table() -> str:
+    """The rule → check table in Markdown (``python -m deltaserve_conformance.rules``)."""
+    lines = ["| where | rule (phrase) | checks |", "| --- | --- | --- |"]
+    for r in RULES:
+        checks = ", ".join(f"`{c}`" for c in r.checks) if r.checks else f"none: {r.core_obligation}"
+        lines.append(f"| `{r.where}` | {r.phrase} | {checks} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
