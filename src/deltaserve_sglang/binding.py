@@ -56,6 +56,8 @@ class StepPlan:
     num_decode: int
     kv_tokens: int
     refused: tuple[int, ...] = ()
+    #: the step a profile run measures (its record is the profile record); the run's other steps are synthetic too
+    profiled: bool = False
     start: float = 0.0
     duration: float = 0.0
     ran: bool = False
@@ -124,9 +126,12 @@ class Binding:
         step_id = next(self.step_ids)
         proposed = self.proposed_batch(scheduler, batch, step_id)
         samples: tuple[FineTuneSample, ...] = ()
-        synthetic = False
+        synthetic = profiled = False
         if self.profiling:
-            synthetic = self.profile_samples is not None
+            # The warm-up and drain steps of a profile run carry throw-away requests only: their records are
+            # synthetic as well, or the core would take them for serving steps nobody offered it.
+            synthetic = True
+            profiled = self.profile_samples is not None
             samples, self.profile_samples = self.profile_samples or (), None
         elif self.interceptor is not None:
             samples = tuple(self.interceptor.on_schedule(proposed))
@@ -141,7 +146,7 @@ class Binding:
         if batch is None and not refused:
             self.plan = None
             return plan
-        self.plan = StepPlan(step_id=step_id, samples=placed, synthetic=synthetic,
+        self.plan = StepPlan(step_id=step_id, samples=placed, synthetic=synthetic, profiled=profiled,
                              prefill_lengths=proposed.prefill_lengths, num_decode=proposed.num_decode,
                              kv_tokens=proposed.kv_tokens, refused=tuple(s.sample_id for s in refused))
         if batch is None:  # refused samples on an idle step: report them now, nothing runs
@@ -336,7 +341,7 @@ class Binding:
                             kv_tokens=plan.kv_tokens, finetune_sample_ids=ids,
                             finetune_lengths=tuple(s.num_tokens for s in plan.samples.values()),
                             aborted_sample_ids=plan.refused, synthetic=plan.synthetic)
-        if plan.synthetic:
+        if plan.profiled:
             self.profile_record = record
         if self.step_sink is not None:
             self.step_sink(record)
