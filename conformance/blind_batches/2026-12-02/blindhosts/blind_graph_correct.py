@@ -1,0 +1,1 @@
+from ._base import GraphCapable as Host  # noqa: F401  (control: correct graph-capable host)

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the conformance suite against every host of this blind batch, one at a time (2-5 min each on 2 cores), and
+# append "label spec rc seconds summary failed-checks" lines to runs.tsv here. Usage, from the repo root:
+#   bash conformance/blind_batches/2026-12-02/run_batch.sh [h01 h07 ...]   (default: every host)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+export OMP_NUM_THREADS=1 DELTASERVE_CACHE=${DELTASERVE_CACHE:-$PWD/.cache/deltaserve} PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
+py=${PYTHON:-.venv/bin/python}
+mkdir -p "$here/logs"
+hosts=("$@")
+[ ${#hosts[@]} -eq 0 ] && hosts=($(cd "$here/blindhosts" && ls h[0-9]*.py | sed 's/\.py$//'))
+for h in "${hosts[@]}"; do
+  m=$(cd "$here/blindhosts" && ls ${h}*.py | head -1 | sed 's/\.py$//')
+  t0=$(date +%s)
+  "$py" -m deltaserve_core.cli conformance "blindhosts.$m:Host" -- -q > "$here/logs/$m.txt" 2>&1
+  rc=$?
+  summ=$(grep -E "(passed|failed|error).* in " "$here/logs/$m.txt" | tail -1 | sed 's/=//g;s/^ *//')
+  printf "%s\t%s\t%s\t%s\n" "$m" "$rc" "$(( $(date +%s) - t0 ))" "$summ" | tee -a "$here/runs.tsv"
+done
