@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from deltaserve_core.bench.metrics import saturation_summary
 from deltaserve_core.driver import ClientRequest, HostConfig
 
 __all__ = ["VARIANTS", "run_stock", "stock_engine_args"]
@@ -176,11 +177,8 @@ async def _child(spec: dict[str, Any]) -> dict[str, Any]:
         sat = None
         if spec["saturation"]:
             jobs = [(0.0, list(p), int(n)) for p, n in spec["saturation"]]
-            stimes, wall = await _serve(engine, jobs, "sat")
-            out_tokens = sum(len(x) for x in stimes)
-            end = max((x[-1] for x in stimes if x), default=wall)
-            sat = {"requests": len(jobs), "output_tokens": out_tokens, "prompt_tokens": sum(len(p) for _, p, _ in jobs),
-                   "makespan_s": end, "output_tokens_per_s": out_tokens / end if end > 0 else None}
+            stimes, _ = await _serve(engine, jobs, "sat")
+            sat = saturation_summary(stimes, sum(len(p) for _, p, _ in jobs))
         return {"token_times": times, "saturation": sat, "engine": _engine_facts(engine), "startup_s": startup}
     finally:
         engine.shutdown()

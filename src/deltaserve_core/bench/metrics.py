@@ -183,6 +183,15 @@ def summarize(run: SystemRun, *, ttft_s: float, tpot_s: float, avg_tpot_s: float
     }
 
 
+def saturation_summary(token_times: Sequence[Sequence[float]], prompt_tokens: int) -> dict[str, Any]:
+    """Throughput at saturation: every request submitted at 0, ``token_times`` in seconds from then (one
+    sequence per request); output tokens per second until the last token."""
+    out_tokens = sum(len(t) for t in token_times)
+    end = max((t[-1] for t in token_times if t), default=0.0)
+    return {"requests": len(token_times), "output_tokens": out_tokens, "prompt_tokens": prompt_tokens,
+            "makespan_s": end, "output_tokens_per_s": out_tokens / end if end > 0 else None}
+
+
 def honest_harvest(ft_tok_s: float, trainer_alone_tok_s: float | None, idle_fraction: float | None) -> float | None:
     """FT tok/s ÷ (the packed PEFT trainer alone on the whole device × the bare host's idle fraction); None when
     either is unknown or zero."""

@@ -42,6 +42,7 @@ from .metrics import (
     SystemRun,
     headline,
     request_row,
+    saturation_summary,
     step_row,
     summarize,
     tight_slo,
@@ -718,11 +719,8 @@ def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Pr
 def _saturation(host: Any, sat: Sequence[Any], cfg: BenchConfig) -> dict[str, Any]:
     """Every request at once: output tokens per second until the last one finishes."""
     outputs, start, _ = replay(host, [(0.0, r) for r in sat], duration_s=0.0, drain_timeout_s=cfg.drain_timeout_s)
-    times = [o.token_times for o in outputs.values()]
-    out_tokens = sum(len(t) for t in times)
-    end = max(t[-1] for t in times if t) - start
-    return {"requests": len(sat), "output_tokens": out_tokens, "prompt_tokens": sum(len(r.prompt_ids) for r in sat),
-            "makespan_s": end, "output_tokens_per_s": out_tokens / end if end > 0 else None}
+    return saturation_summary([[t - start for t in o.token_times] for o in outputs.values()],
+                              sum(len(r.prompt_ids) for r in sat))
 
 
 def _run_stock(run_stock: Callable[..., dict[str, Any]], system: str, host_config: Any,
