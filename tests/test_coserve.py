@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -380,3 +381,22 @@ def test_an_install_no_step_can_absorb_still_runs_within_its_deadline(host, data
     assert stats["optimizer_steps"] >= 3, stats["admission_reasons"]
     assert stats["host_work_forced"] >= 1
     assert stats["admission_reasons"].get("install_pending", 0) > 0
+
+
+def test_the_end_of_a_job_is_announced(host, dataset: Path, tmp_path: Path,  # noqa: ANN001
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Progress lines follow steps, so an operator watching the log of a finished job would see it fall silent:
+    the last optimizer step says that the job is done, once."""
+    co = CoServer(host, _job(dataset, tmp_path, epochs=1, publish=PublishSpec(policy="never")),
+                  latency_model=_model(), backward_threads=1)
+    with caplog.at_level(logging.INFO, logger="deltaserve"), co:
+        deadline = time.monotonic() + 240
+        while not co.finished:
+            assert time.monotonic() < deadline, f"the job did not finish: {co.pool.progress()}"
+            if not host.run_idle_step():
+                co.poll()
+                time.sleep(0.005)
+        steps = co.stats.optimizer_steps
+    ends = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fine-tuning finished")]
+    assert len(ends) == 1, ends
+    assert f"adapter at step {steps}," in ends[0] and "1 epoch(s) trained" in ends[0], ends[0]

@@ -261,6 +261,7 @@ class CoServer:
         self._recovering: threading.Thread | None = None
         self._pending_reports: deque[BackwardReport] = deque()
         self._last_log = time.monotonic()
+        self._finish_announced = False
         self._adapter_version = 0
         self._published_step = -1
         self._pending_ids: list[int] = []
@@ -660,6 +661,11 @@ class CoServer:
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
+            if self.pool.finished and not self._finish_announced:
+                # progress lines follow steps, so none comes after the last one: say that the job is done
+                self._finish_announced = True
+                log.info("fine-tuning finished: %d epoch(s) trained, adapter at step %d, %d tokens this run",
+                         self.job.epochs, rep.step, self.stats.trained_tokens)
         elif rep.kind == "nonfinite":
             self._skipped_nonfinite(rep)
         elif rep.kind == "checkpoint":

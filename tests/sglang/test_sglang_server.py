@@ -56,7 +56,9 @@ def _write_job(root: Path, name: str, body: str = "", ckpt: str = "ckpt") -> Pat
                 "output": f"Here is a short sentence about topic {i}, written plainly."} for i in range(60)]
     (root / "train.json").write_text(json.dumps(records))
     job = root / f"{name}.yaml"
-    job.write_text("dataset: train.json\nadapter_name: stopper\nlora: {r: 8, alpha: 16}\nepochs: 20\n"
+    # epochs: more than both runs can train (a few hundred steps a minute here), or the restart could find the
+    # job already finished, whatever the first run's stop timing left
+    job.write_text("dataset: train.json\nadapter_name: stopper\nlora: {r: 8, alpha: 16}\nepochs: 1000\n"
                    "backward_batch_tokens: 96\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 5.0}\n"
                    f"checkpoint: {{dir: {ckpt}, every_steps: 0, keep: 2}}\npublish: {{policy: on_checkpoint}}\n"
                    f"{body}")
@@ -271,6 +273,7 @@ def _wait_trained(server: _Server, more_than: int, timeout: float = 600) -> int:
     deadline = time.monotonic() + timeout
     while _trained_steps(server) <= more_than:
         assert server.proc.poll() is None, server.text()[-4000:]
+        assert "fine-tuning finished" not in server.text(), f"the job ended before step {more_than + 1}"
         assert time.monotonic() < deadline, f"no optimizer step past {more_than}:\n{server.text()[-4000:]}"
         time.sleep(2)
     return _trained_steps(server)
