@@ -1053,3 +1053,161 @@ def check_publish_adapter__new_version_never_served_stale_kv(env: ConformanceEnv
 
 # The generated and stateful checks register themselves into CHECKS (after every fixed check: they run last).
 from . import scenarios as _scenarios  # noqa: E402,F401
+
+
+# ------------------------------------------------------------------------------------------ hook lifecycle
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step(env: ConformanceEnv) -> None:
+    """Fine-tuning rows that do not fit what the step's client rows left of the token budget either join that
+    step or are refused in its record; a host never carries them over to a later step."""
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    budget = env.config.max_batch_tokens if env.config is not None else 2048
+    # client prompts fill all but a sliver of the budget (each within the tiny model's context), and the samples
+    # overflow what is left while staying within the host's fine-tuning cap
+    sliver = 48
+    prompts = make_prompts(env, 3, seed=91, max_tokens=2)
+    share = (budget - sliver) // 3
+    rng = torch.Generator().manual_seed(91)
+    prompts = [ClientRequest(p.request_id + "-big", tuple(torch.randint(3, env.vocab_size, (share,),
+                                                                        generator=rng).tolist()), 2)
+               for p in prompts]
+    each = max(sliver, min(caps.max_finetune_tokens_per_step // 2, 4 * sliver))
+    samples = make_samples(env, 2, lengths=[each, each], seed=91, first_id=2100)
+    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    env.install(rec)
+    env.run(prompts)
+    if not rec.injected:
+        raise _fail(env, "intercept_schedule", "no step with prefill was offered to on_schedule")
+    (step_id, injected), = rec.injected.items()
+    want = sorted(s.sample_id for s in injected)
+    placed = {r.step_id: sorted(set(r.finetune_sample_ids) | set(r.aborted_sample_ids)) for r in rec.real_records()
+              if set(r.finetune_sample_ids) & set(want) or set(r.aborted_sample_ids) & set(want)}
+    if placed != {step_id: want}:
+        raise _fail(env, "intercept_schedule", f"samples {want} ({2 * each} tokens, over what step {step_id}'s client "
+                    f"rows left of max_batch_tokens={budget}) were returned for step {step_id}; the records place them "
+                    f"as {placed}: run them in that step or refuse them there (aborted_sample_ids), never later")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__none_removes_every_hook(env: ConformanceEnv) -> None:
+    """``intercept_schedule(None)``, ``capture_activation(None)`` and ``report_step_time(None)`` remove what was
+    installed: nothing is called on it afterwards."""
+    samples = make_samples(env, 1, lengths=[8], seed=92, first_id=2200)
+    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    env.install(rec)
+    env.run(make_prompts(env, 2, seed=92))
+    if not rec.injected or not rec.records:
+        raise _fail(env, "intercept_schedule", "the installed recorder saw no step to compare against")
+    env.install(None)
+    seen_events, seen_arrivals = len(rec.events), len(rec.arrivals)
+    env.run(make_prompts(env, 3, seed=93))
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    late = [kind for kind, _ in rec.events[seen_events:]] + ["arrival"] * (len(rec.arrivals) - seen_arrivals)
+    if late:
+        raise _fail(env, "intercept_schedule", f"after removing every hook with None the old recorder still got "
+                    f"{len(late)} calls ({', '.join(sorted(set(late)))}): None must uninstall")
+
+
+@check("capture_activation")
+def check_capture_activation__a_second_install_replaces_the_first(env: ConformanceEnv) -> None:
+    """Installing a new interceptor, sink or step sink replaces the previous one: only the newest is called."""
+    old = Recorder()
+    env.install(old)
+    samples = make_samples(env, 1, lengths=[9], seed=94, first_id=2300)
+    new = Recorder(inject=_inject_into_first_prefill(samples))
+    env.install(new)
+    env.run(make_prompts(env, 2, seed=94))
+    problems = []
+    if old.events or old.arrivals:
+        problems.append(f"the replaced recorder still got {len(old.events) + len(old.arrivals)} calls "
+                        f"({', '.join(sorted({k for k, _ in old.events})) or 'on_arrival'})")
+    if not new.injected:
+        problems.append("the new interceptor was never offered a prefill step")
+    elif not any(sid == samples[0].sample_id for _, _, sid, _ in new.captures):
+        problems.append("the new activation sink got no capture of the sample its interceptor injected")
+    if not new.records:
+        problems.append("the new step sink got no record")
+    if problems:
+        raise _fail(env, "capture_activation", "after a second install of all three hooks: " + "; ".join(problems))
+
+
+@check("capture_activation")
+def check_capture_activation__mixed_step_rows_complete_whatever_should_abort_says(env: ConformanceEnv) -> None:
+    """Abort concerns fine-tuning-only steps: rows that share a step with client rows are computed and reported
+    as completed even while ``should_abort`` would answer True."""
+    samples = make_samples(env, 2, lengths=[7, 11], seed=95, first_id=2400)
+    rec = Recorder(inject=_inject_into_first_prefill(samples), abort_after_layer=0)
+    env.install(rec)
+    outputs = env.run(make_prompts(env, 3, seed=95))
+    if not rec.injected:
+        raise _fail(env, "capture_activation", "no step with prefill was offered to on_schedule")
+    (step_id, injected), = rec.injected.items()
+    want = sorted(s.sample_id for s in injected)
+    record = rec.record_for(step_id)
+    polls = sum(1 for s, _ in rec.abort_polls if s == step_id)
+    if record is None or sorted(record.finetune_sample_ids) != want or record.aborted_sample_ids:
+        raise _fail(env, "capture_activation", f"step {step_id} carried client rows and samples {want}; with "
+                    f"should_abort answering True ({polls} polls in that step) its record is {record}: only a "
+                    "fine-tuning-only step may be aborted")
+    if len(outputs) != 3:
+        raise _fail(env, "capture_activation", f"{len(outputs)} of 3 client requests finished")
+
+
+def _state_with_every_projection(env: ConformanceEnv) -> LoraAdapterState:
+    from deltaserve_core.testing.tiny_model import build_lora_adapter
+
+    folder = build_lora_adapter(env.model_dir, env.model_dir.parent / "finetune-adapter-all-projections", seed=5, r=8,
+                                target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                "down_proj"))
+    return LoraAdapterState.load_pretrained(folder, name=env.finetune_state.name, version=env.finetune_state.version)
+
+
+@check("set_finetune_adapter")
+def check_set_finetune_adapter__every_target_module_applies_or_is_refused(env: ConformanceEnv) -> None:
+    """An adapter that targets the MLP projections as well as attention is applied whole, or refused when set;
+    a host never silently drops some of its modules."""
+    state = _state_with_every_projection(env)
+    try:
+        env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - refusing is allowed; the message is the host's to word
+        env.host.set_finetune_adapter(handed_copy(env.finetune_state))  # type: ignore[attr-defined]
+        return
+    samples = make_samples(env, 2, lengths=[8, 13], seed=96, first_id=2500)
+    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    try:
+        env.install(rec)
+        env.run(make_prompts(env, 2, seed=96))
+    finally:
+        env.install(None)
+        env.host.set_finetune_adapter(handed_copy(env.finetune_state))  # type: ignore[attr-defined]
+    problems = _capture_problems(env, rec, samples, state)
+    if problems:
+        raise _fail(env, "set_finetune_adapter", "an adapter on q/k/v/o and gate/up/down_proj was accepted but its "
+                    "rows differ from transformers+PEFT with all of it: " + "; ".join(problems[:3]))
+
+
+@check("set_finetune_adapter")
+def check_set_finetune_adapter__keeps_its_own_copy(env: ConformanceEnv) -> None:
+    """The state handed to set_finetune_adapter is the caller's again once the call returns: changing its tensors
+    afterwards (the core trains on) does not change what later fine-tuning rows run with."""
+    state = env.finetune_state
+    handed = handed_copy(state)
+    env.host.set_finetune_adapter(handed)  # type: ignore[attr-defined]
+    with torch.no_grad():
+        for t in handed.tensors.values():
+            t.mul_(-3.0)
+    samples = make_samples(env, 2, lengths=[10, 6], seed=97, first_id=2600)
+    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    try:
+        env.install(rec)
+        env.run(make_prompts(env, 2, seed=97))
+    finally:
+        env.install(None)
+        env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    problems = _capture_problems(env, rec, samples, state)
+    if problems:
+        raise _fail(env, "set_finetune_adapter", "the caller scaled the tensors it had handed over after the call "
+                    "returned, and the next fine-tuning rows changed with them: copy what you keep; "
+                    + "; ".join(problems[:3]))

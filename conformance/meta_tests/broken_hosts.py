@@ -768,6 +768,131 @@ class DeferredFinetuneAdapterHost(ReferenceHost):
 
 
 #: broken host -> the check it must fail (a tuple: a rule two checks enforce; it must fail all, nothing else)
+
+class CarriesOverBudgetRowsHost(_WrapsInterceptor):
+    """Rows that do not fit what the step's client rows left of the budget are held back and added to the next
+    step instead (one forward late, computed with whatever that step holds)."""
+
+    name = "broken-carries-over-budget-rows"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class Carry(_Interceptor):
+            held: list[FineTuneSample] = []
+
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = list(self.inner.on_schedule(batch))
+                left = host.config.max_batch_tokens - sum(batch.prefill_lengths) - batch.num_decode
+                now, self.held = self.held, []
+                if sum(s.num_tokens for s in samples) > left:
+                    self.held = samples
+                    return now
+                return now + samples
+
+        return Carry(interceptor)
+
+
+class StickyInterceptorHost(ReferenceHost):
+    """``intercept_schedule(None)`` is ignored: the last interceptor stays installed."""
+
+    name = "broken-sticky-interceptor"
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        if interceptor is not None:
+            super().intercept_schedule(interceptor)
+
+
+class FirstSinkWinsHost(ReferenceHost):
+    """A second ``capture_activation(sink)`` while one is installed is ignored (``None`` still removes it)."""
+
+    name = "broken-first-sink-wins"
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None or self._activation_sink is None:
+            super().capture_activation(sink)
+
+
+class AbortsMixedStepsHost(ReferenceHost):
+    """Polls should_abort in steps that also carry client rows and, on True, voids their fine-tuning rows."""
+
+    name = "broken-aborts-mixed-steps"
+    _rows: list = []
+    _voided: set[int] = set()
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        self._rows = rows
+        return super()._execute(step_id, rows, tokens, synthetic)
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+        host = self
+
+        class Voiding(_ShiftedSink):
+            def begin_step(self, step_id, samples):  # noqa: ANN001, ANN202
+                self.sink.begin_step(step_id, samples)
+                mixed = any(r.sample is None for r in host._rows)
+                if mixed and self.sink.should_abort(step_id):
+                    host._voided = host._voided | {step_id}
+
+            def layer_input(self, step_id, layer, sample_id, hidden):  # noqa: ANN001, ANN202
+                if step_id not in host._voided:
+                    self.sink.layer_input(step_id, layer, sample_id, hidden)
+
+            def end_step(self, step_id, completed, aborted):  # noqa: ANN001, ANN202
+                if step_id in host._voided:
+                    completed, aborted = (), tuple(completed) + tuple(aborted)
+                self.sink.end_step(step_id, completed, aborted)
+
+        super().capture_activation(Voiding(sink))
+
+    def report_step_time(self, sink):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        if sink is None:
+            return super().report_step_time(None)
+        host = self
+
+        def voiding(record: StepRecord) -> None:
+            if record.step_id in host._voided:
+                record = dataclasses.replace(record, finetune_sample_ids=(), finetune_lengths=(),
+                                             aborted_sample_ids=record.aborted_sample_ids
+                                             + record.finetune_sample_ids)
+            sink(record)
+
+        super().report_step_time(voiding)
+
+
+class AttentionOnlyLoraHost(ReferenceHost):
+    """Applies an adapter's attention projections and silently drops its MLP ones (gate/up/down_proj)."""
+
+    name = "broken-attention-only-lora"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        lora = super()._to_lora(state)
+        lora.pairs = {k: v for k, v in lora.pairs.items()
+                      if k[1].rsplit(".", 1)[-1] not in ("gate_proj", "up_proj", "down_proj")}
+        return lora
+
+
+class AliasesFinetuneAdapterHost(ReferenceHost):
+    """Keeps the tensors the core handed to set_finetune_adapter instead of a copy, so the core's later in-place
+    updates leak into the fine-tuning rows."""
+
+    name = "broken-aliases-finetune-adapter"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+        from deltaserve_core.testing.reference_host import _Lora, parse_peft_key
+
+        pairs = {}
+        for key, tensor in state.tensors.items():
+            layer, module, ab = parse_peft_key(key)
+            if ab == "A":
+                pairs[(layer, module)] = (tensor, state.tensors[key[: -len("A.weight")] + "B.weight"])
+        self._adapters[RESERVED_ADAPTER_NAME] = _Lora(state.config.scaling, pairs)
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -820,4 +945,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     GraphAboveCaptureSizesHost: "generated__scenarios_keep_every_invariant",
     PublishedRowsGetTrainingWeightsHost: "stateful__interleaved_operations_keep_every_invariant",
     DeferredFinetuneAdapterHost: "stateful__interleaved_operations_keep_every_invariant",
+    CarriesOverBudgetRowsHost: "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+    StickyInterceptorHost: "intercept_schedule__none_removes_every_hook",
+    FirstSinkWinsHost: "capture_activation__a_second_install_replaces_the_first",
+    AbortsMixedStepsHost: "capture_activation__mixed_step_rows_complete_whatever_should_abort_says",
+    AttentionOnlyLoraHost: "set_finetune_adapter__every_target_module_applies_or_is_refused",
+    AliasesFinetuneAdapterHost: "set_finetune_adapter__keeps_its_own_copy",
 }

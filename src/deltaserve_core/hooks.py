@@ -122,6 +122,7 @@ class ActivationSink(Protocol):
         Called by: the host at every decoder-layer boundary of a step that carries *only* fine-tuning rows
         (hosts with ``supports_abort``). On ``True`` the host stops the forward at that boundary, calls
         :meth:`end_step` with all samples aborted and reports them in ``StepRecord.aborted_sample_ids``.
+        Fine-tuning rows that share a step with client rows are never aborted: they complete with it.
         """
         ...
 
@@ -168,20 +169,24 @@ class HostHooks(Protocol):
         the batch it will run, adds the returned samples to that same step as prefill-only rows on the
         reserved adapter (no prefix-cache reads, no sampling output), retires them after that one forward,
         and never lets them reach a client. It calls ``interceptor.on_arrival`` for each client request.
+        Samples the step cannot take are refused in that step's record (``aborted_sample_ids``), never carried
+        to a later step. A later call replaces the installed interceptor, which is never called again.
         """
         ...
 
     def capture_activation(self, sink: ActivationSink | None) -> None:
         """Install (or remove) the activation sink; the host then feeds it per the :class:`ActivationSink` contract.
 
-        Steps that carry fine-tuning rows must run eagerly so that capture hooks fire.
+        Steps that carry fine-tuning rows must run eagerly so that capture hooks fire. A later call replaces the
+        installed sink, which is never called again.
         """
         ...
 
     def report_step_time(self, sink: StepSink | None) -> None:
         """Install (or remove) the step sink: exactly one :class:`StepRecord` per executed step, in step order,
         with the composition that actually ran and its device-complete duration.
-        Called by the host in the scheduling process after the step's outputs are processed."""
+        Called by the host in the scheduling process after the step's outputs are processed. A later call
+        replaces the installed sink, which is never called again."""
         ...
 
     def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
@@ -200,7 +205,9 @@ class HostHooks(Protocol):
 
         Called by the core before the first admission and after every optimizer step, never while a step
         carrying fine-tuning rows is in flight. Fine-tuning rows of later steps must use exactly these
-        weights (the training path is only exact if the forward sees the current adapter).
+        weights (the training path is only exact if the forward sees the current adapter). The host must copy
+        what it keeps: once the call returns, ``state`` is the caller's to change. A host that cannot apply every
+        target module of ``state`` must refuse it by raising, never run with part of it.
         """
         ...
 
