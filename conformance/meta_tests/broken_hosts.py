@@ -897,7 +897,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
     NextStepInjectionHost: ("intercept_schedule__injected_rows_run_in_same_step", "capture_activation__call_order",
-                            "intercept_schedule__finetune_rows_read_no_prefix_cache"),
+                            "intercept_schedule__finetune_rows_read_no_prefix_cache",
+                            "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+                            "capture_activation__mixed_step_rows_complete_whatever_should_abort_says"),
     LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
                 "run_profile_step__synthetic_rows_never_reach_a_client"),
     DriftingOutputsHost: ("intercept_schedule__outputs_unchanged_by_injection",
@@ -907,7 +909,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # every check that compares captures with transformers + PEFT sees the scaled capture
     WrongCaptureHost: ("capture_activation__matches_reference_forward",
                        "intercept_schedule__finetune_rows_read_no_prefix_cache",
-                       "set_finetune_adapter__later_rows_use_the_new_weights"),
+                       "set_finetune_adapter__later_rows_use_the_new_weights",
+                       "set_finetune_adapter__every_target_module_applies_or_is_refused",
+                       "set_finetune_adapter__keeps_its_own_copy"),
     CapturesInferenceRowsHost: "capture_activation__only_finetune_rows_in_layer_order",
     # never polling is both: the step is not stopped, and nothing stops its compute
     IgnoresAbortHost: ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute"),
@@ -928,7 +932,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     NormalisingAdapterNamesHost: "intercept_schedule__reserved_adapter_variants_refused",
     TrainingNameServedHost: "intercept_schedule__reserved_adapter_variants_refused",
     PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
-    FirstFinetuneAdapterOnlyHost: "set_finetune_adapter__later_rows_use_the_new_weights",
+    # every later adapter is ignored, the all-projections one too
+    FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__later_rows_use_the_new_weights",
+                                   "set_finetune_adapter__every_target_module_applies_or_is_refused"),
     PublishScalingHost: ("publish_adapter__serves_published_weights",
                          "publish_adapter__new_version_never_served_stale_kv"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
@@ -941,7 +947,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     WindowedFinetuneAttentionHost: "generated__scenarios_keep_every_invariant",
     ThirdRowLeakHost: "generated__scenarios_keep_every_invariant",
     MisorderedSampleIdsHost: "generated__scenarios_keep_every_invariant",
-    FullStepDropsRowsHost: "generated__scenarios_keep_every_invariant",
+    # rows that overflow a full step vanish: neither run nor refused in its record
+    FullStepDropsRowsHost: ("generated__scenarios_keep_every_invariant",
+                            "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step"),
     GraphAboveCaptureSizesHost: "generated__scenarios_keep_every_invariant",
     PublishedRowsGetTrainingWeightsHost: "stateful__interleaved_operations_keep_every_invariant",
     DeferredFinetuneAdapterHost: "stateful__interleaved_operations_keep_every_invariant",
