@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from argparse import Namespace
 from typing import Any
 
@@ -76,6 +77,10 @@ class JobsApiPlugin:
         if not self._enabled:
             log.warning("DeltaServe jobs API loaded, but this server runs no DeltaServe job (start it with "
                         "--additional-config '{\"deltaserve\": {\"job\": \"job.yaml\"}}'): its routes answer 404")
+        elif not (getattr(args, "api_key", None) or os.environ.get("VLLM_API_KEY")):
+            # vLLM's key is the only guard of these routes; without one, whoever reaches the port can cancel the job
+            log.warning("DeltaServe jobs API without an API key: anyone who can reach this server can pause or cancel "
+                        "the fine-tuning job; start vLLM with --api-key or VLLM_API_KEY (docs/security.md)")
 
     async def _call(self, op: str, **args: Any) -> Any:
         """The engine's answer to one job call, or the OpenAI error response to send instead."""
