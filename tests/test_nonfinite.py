@@ -167,7 +167,8 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
 
     co = object.__new__(CoServer)
     completed: list[int] = []
-    co.pool = SimpleNamespace(complete=completed.extend, state_dict=lambda: {})
+    co.pool = SimpleNamespace(complete=completed.extend, state_dict=lambda: {}, finished=False)
+    co._finish_announced = False
     co.stats = CoServeStats()
     co.nonfinite_pause_after = pause_after
     co._nonfinite_streak = 0
@@ -179,6 +180,7 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co.job = SimpleNamespace(adapter_name="bot", checkpoint=SimpleNamespace(every_steps=0, keep=3,
                                                                         dir=tempfile.mkdtemp(prefix="nonfinite-")),
                              publish=SimpleNamespace(policy="never", every_steps=0))
+    co._init_operator_state()
     co.host = SimpleNamespace(set_finetune_adapter=lambda s: None)
     co.backward = SimpleNamespace(adapter_snapshot=lambda version: _adapter())
     return co, completed

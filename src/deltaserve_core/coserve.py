@@ -286,8 +286,11 @@ class CoServer:
         self._step_reasons: OrderedDict[int, str] = OrderedDict()
         self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
         self._admission_stopped = False
-        # The operator's controls (pause, resume, cancel) and what the jobs API reports (see job_control)
-        self.job_id = job_id(job.adapter_name)
+        self._init_operator_state()
+
+    def _init_operator_state(self) -> None:
+        """The operator's controls (pause, resume, cancel) and what the jobs API reports (see job_control)."""
+        self.job_id = job_id(self.job.adapter_name)
         self.events = EventLog()
         self.created_at = int(time.time())
         self._operator_paused = False
@@ -685,8 +688,7 @@ class CoServer:
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
             self._step_losses[rep.step] = rep.loss
             self.events.add("info", f"step {rep.step}: loss {_fmt_loss(rep.loss)}", type="metrics",
-                            data={"step": rep.step, "train_loss": rep.loss, "tokens": rep.tokens,
-                                  "trained_tokens": self._trained_tokens()})
+                            data={"step": rep.step, "train_loss": rep.loss, "tokens": rep.tokens})
             if self.pool.finished and not self._finish_announced:
                 # progress lines follow steps, so none comes after the last one: say that the job is done
                 self._finish_announced = True
