@@ -953,6 +953,7 @@ class CoServer:
                 self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
                 log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)
                 self.events.add("warn", f"backward process restarted from step {rep.step}; fine-tuning resumes")
+                self._failed = None  # an earlier restart failed, this one worked
             elif rep.kind == "restart_failed":
                 self._failed = f"the backward process could not be restarted: {rep.message}"
                 self.events.add("error", self._failed)
@@ -1052,7 +1053,7 @@ class CoServer:
         bw = self.backward
         in_flight = (bool(self._host_work) or bool(self._save_ids) or self._recovering is not None
                      or (bw is not None and bw.busy))
-        if self._cancelled_at is not None or self._failed is not None:
+        if self._cancelled_at is not None:
             return in_flight
         if self._operator_paused and not self._cancel_requested:
             return in_flight
