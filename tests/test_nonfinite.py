@@ -180,6 +180,7 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co.job = SimpleNamespace(adapter_name="bot", checkpoint=SimpleNamespace(every_steps=0, keep=3,
                                                                         dir=tempfile.mkdtemp(prefix="nonfinite-")),
                              publish=SimpleNamespace(policy="never", every_steps=0))
+    co._init_operator_state()
     co.host = SimpleNamespace(set_finetune_adapter=lambda s: None)
     co.backward = SimpleNamespace(adapter_snapshot=lambda version: _adapter())
     return co, completed

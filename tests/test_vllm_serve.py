@@ -71,17 +71,23 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("serve-job")
+def write_job(tmp: Path, *, adapter: str, epochs: int, checkpoint: str, publish: str) -> Path:
+    """A small job on 24 short records in ``tmp``; ``checkpoint`` and ``publish``: those sections' YAML."""
     records = [{"instruction": f"Count to {i} in words.", "input": "", "output": " ".join(["one"] * (i % 7 + 2))}
                for i in range(24)]
     (tmp / "data.json").write_text(json.dumps(records))
     (tmp / "job.yaml").write_text(
-        "dataset: data.json\nadapter_name: served\nlora: {r: 8, alpha: 16}\nepochs: 1\n"
+        f"dataset: data.json\nadapter_name: {adapter}\nlora: {{r: 8, alpha: 16}}\nepochs: {epochs}\n"
         "backward_batch_tokens: 48\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 1.0}\n"
-        "checkpoint: {dir: ckpt, every_steps: 0, keep: 50}\npublish: {policy: every_n_steps, every_steps: 1}\n")
+        f"checkpoint: {checkpoint}\npublish: {publish}\n")
     return tmp / "job.yaml"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_job(tmp_path_factory.mktemp("serve-job"), adapter="served", epochs=1,
+                     checkpoint="{dir: ckpt, every_steps: 0, keep: 50}",
+                     publish="{policy: every_n_steps, every_steps: 1}")
 
 
 def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str, *extra: str) -> dict:

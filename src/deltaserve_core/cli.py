@@ -6,6 +6,7 @@
     deltaserve calibrate --host H --model M  profile the host and fit the latency model
     deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
     deltaserve bench [--host H] [--trace T] [--systems all]  compare co-serving policies on one trace
+    deltaserve jobs list|get|pause|resume|cancel|events|watch --server URL  a server's fine-tuning jobs
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench_cli(args)
 
 
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    from .jobs_client import run_jobs
+
+    return run_jobs(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltaserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="replay a trace against DeltaServe and baselines; write JSON, CSV and plots")
     add_bench_arguments(p)
     p.set_defaults(func=_cmd_bench)
+
+    from .jobs_client import add_jobs_arguments  # standard library only: cheap for --help
+
+    p = sub.add_parser("jobs", help="list, watch, pause, resume or cancel a server's fine-tuning jobs")
+    add_jobs_arguments(p)
+    p.set_defaults(func=_cmd_jobs)
     return parser
 
 

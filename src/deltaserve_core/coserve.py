@@ -51,6 +51,7 @@ from .cleanup import clean_stale_files
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .job_config import JobConfig
+from .job_control import EventLog, JobCallError, job_id
 from .latency_model import Equation, LatencyModel
 from .lora_backward import TrainerConfig
 from .slo import SLOConfig, SLOMonitor
@@ -251,7 +252,7 @@ class CoServer:
         self.backward_threads = backward_threads
         self.hang_timeout_s = hang_timeout_s
         self.log_every_s = log_every_s
-        self.resume = resume
+        self.resume_from_checkpoint = resume  # not `resume`: that is the operator control
         #: pause the backward for decode-only steps too (default: on CPU hosts, where both share cores)
         self.preempt_decode = self.caps.device.startswith("cpu") if preempt_decode is None else preempt_decode
         self.buffer: ActivationBuffer | None = None
@@ -285,6 +286,26 @@ class CoServer:
         self._step_reasons: OrderedDict[int, str] = OrderedDict()
         self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
         self._admission_stopped = False
+        self._init_operator_state()
+
+    def _init_operator_state(self) -> None:
+        """The operator's controls (pause, resume, cancel) and what the jobs API reports (see job_control)."""
+        self.job_id = job_id(self.job.adapter_name)
+        self.events = EventLog()
+        self.created_at = int(time.time())
+        self._operator_paused = False
+        self._paused_since: float | None = None
+        self._paused_total_s = 0.0
+        self._cancel_requested = False
+        self._cancel_cmd: int | None = None
+        self._cancel_retry_at = 0.0
+        self._cancelled_at: int | None = None
+        self._finished_at: int | None = None
+        self._failed: str | None = None
+        self._progress_origin: tuple[float, float] | None = None  # (monotonic, fraction done) when training began
+        self._checkpoint_log: list[dict[str, Any]] = []
+        self._published_log: dict[str, dict[str, Any]] = {}
+        self._step_losses: dict[int, float | None] = {}
 
     def _decode_mode(self, batch: ProposedBatch) -> ExecutionMode:
         return self.host.graph_mode(batch)
@@ -336,7 +357,7 @@ class CoServer:
                                  pack_tokens=self.job.pack_tokens),
             checkpoint_dir=self.job.checkpoint.dir, keep_checkpoints=self.job.checkpoint.keep,
             hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads)
-        self.backward.start(resume=self.resume)
+        self.backward.start(resume=self.resume_from_checkpoint)
         ready = self.backward.wait_ready()
         if ready.extra.get("pool"):
             self.pool.load_state_dict(ready.extra["pool"])
@@ -367,6 +388,10 @@ class CoServer:
             self.margin.seed(quality.p95_ape if quality is not None else None)
             self._core_admission.safety = self.margin.factor
         self._started = True
+        self._progress_origin = (time.monotonic(), float(self.pool.progress()["fraction"]))
+        self.events.add("info", f"fine-tuning started on host {getattr(self.host, 'name', '?')!r}"
+                        + (f", resumed from the checkpoint at step {ready.step}" if ready.step else ""),
+                        data={"step": ready.step, "samples": len(self.dataset), "epochs": self.job.epochs})
         log.info("co-serving %s on host %r: %d samples, %d epoch(s), buffer %d tokens, SLO ttft=%.3fs tpot=%.3fs",
                  self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
                  self.job.buffer_tokens, self.slo.ttft_s, self.slo.tpot_s)
@@ -511,7 +536,7 @@ class CoServer:
         pause: AdmissionReason | None = (AdmissionReason.BACKWARD_RECOVERING if self._recovering is not None
                                          else AdmissionReason.TRAINING_PAUSED
                                          if self.stats.training_paused or self.stats.paused_reason
-                                         or self._admission_stopped
+                                         or self._admission_stopped or self._operator_paused
                                          else AdmissionReason.BACKWARD_RUNNING if bw.busy
                                          else AdmissionReason.INSTALL_PENDING if not installed
                                          else AdmissionReason.HOST_WORK_IN_STEP if host_s and not batch.is_empty
@@ -661,9 +686,15 @@ class CoServer:
             pub = self.job.publish
             if pub.policy == "every_n_steps" and rep.step % pub.every_steps == 0:
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
+            self._step_losses[rep.step] = rep.loss
+            self.events.add("info", f"step {rep.step}: loss {_fmt_loss(rep.loss)}", type="metrics",
+                            data={"step": rep.step, "train_loss": rep.loss, "tokens": rep.tokens})
             if self.pool.finished and not self._finish_announced:
                 # progress lines follow steps, so none comes after the last one: say that the job is done
                 self._finish_announced = True
+                self._finished_at = int(time.time())
+                self.events.add("info", f"fine-tuning finished: {self.job.epochs} epoch(s) trained, adapter at step "
+                                f"{rep.step}")
                 log.info("fine-tuning finished: %d epoch(s) trained, adapter at step %d, %d tokens this run",
                          self.job.epochs, rep.step, self.stats.trained_tokens)
         elif rep.kind == "nonfinite":
@@ -673,9 +704,16 @@ class CoServer:
             self.stats.consecutive_save_failures = 0
             if self._save_retry_at is not None:
                 log.warning("checkpoint saving works again (%s); fine-tuning resumes", rep.path)
+                self.events.add("info", "checkpoint saving works again; fine-tuning resumes")
                 self._save_retry_at = None
                 self.stats.paused_reason = None
             self.stats.checkpoints.append(str(rep.path))
+            self._checkpoint_log.append({"step": rep.step, "path": str(rep.path), "created_at": int(time.time()),
+                                         "loss": self._loss_at(rep.step)})
+            self.events.add("info", f"checkpoint at step {rep.step}: {rep.path}", data={"step": rep.step})
+            if rep.cmd_id == self._cancel_cmd:
+                self._cancelled_at = int(time.time())
+                self.events.add("info", f"job cancelled; final checkpoint at step {rep.step}")
             if self.job.publish.policy == "on_checkpoint":
                 self._defer(_PUBLISH, lambda: self._publish(rep.step))
         elif rep.kind == "error" and rep.cmd_id in self._save_ids:
@@ -685,6 +723,11 @@ class CoServer:
             n = self.stats.consecutive_save_failures
             log.error("checkpoint save failed (%d in a row, %d in all) in %s: %s", n, self.stats.save_failures,
                       self.job.checkpoint.dir, rep.message)
+            self.events.add("error", f"checkpoint save failed ({n} in a row) in {self.job.checkpoint.dir}: "
+                            f"{rep.message.strip().splitlines()[-1] if rep.message.strip() else 'no reason given'}")
+            if rep.cmd_id == self._cancel_cmd:
+                self._cancel_cmd = None  # the cancel's checkpoint is tried again (_advance_cancel)
+                self._cancel_retry_at = time.monotonic() + self.save_retry_s
             if n >= MAX_CONSECUTIVE_SAVE_FAILURES and self.stats.paused_reason is None:
                 # Training on with nothing durable would lose every step at the next crash, silently.
                 self.stats.paused_reason = (
@@ -692,6 +735,7 @@ class CoServer:
                     f"(inference goes on): fix the folder or free space; a save is retried every "
                     f"{self.save_retry_s:g} s and fine-tuning resumes once one succeeds")
                 log.error("TRAINING PAUSED: %s", self.stats.paused_reason)
+                self.events.add("error", f"fine-tuning paused: {self.stats.paused_reason}")
             if self.stats.paused_reason is not None:
                 self._save_retry_at = time.monotonic() + self.save_retry_s
         elif rep.kind in ("error", "cancelled"):
@@ -726,11 +770,14 @@ class CoServer:
         self.stats.nonfinite_skipped += 1
         self._nonfinite_streak += 1
         log.warning("non-finite optimizer step skipped (%d in a row): %s", self._nonfinite_streak, rep.message)
+        self.events.add("warn", f"non-finite optimizer step skipped ({self._nonfinite_streak} in a row): "
+                        f"{rep.message}")
         if self._nonfinite_streak >= self.nonfinite_pause_after and self.stats.training_paused is None:
             self.stats.training_paused = (
                 f"{self._nonfinite_streak} optimizer steps in a row were not finite (last: {rep.message}); "
                 "fine-tuning is paused at the last finite adapter. Lower optimizer.lr or fix the data, then restart")
             log.error("fine-tuning PAUSED: %s", self.stats.training_paused)
+            self.events.add("error", f"fine-tuning paused: {self.stats.training_paused}")
 
     def _rewind_stats(self, step: int) -> None:
         """Totals as of adapter ``step`` (a restart resumed there): the steps after it will be trained again."""
@@ -786,6 +833,7 @@ class CoServer:
             # clients would get NaN logits under a valid-looking version name
             self.stats.publish_refused += 1
             log.error("not publishing %s@v%d: the adapter holds non-finite values", self.job.adapter_name, step)
+            self.events.add("error", f"not published: the adapter at step {step} holds non-finite values")
             return
         try:
             name = self.host.publish_adapter(snapshot)
@@ -794,6 +842,7 @@ class CoServer:
             # not fail for it. The version is not published; the next checkpoint's publish tries again.
             self.stats.publish_failures += 1
             log.error("could not publish %s@v%d: %s", self.job.adapter_name, step, exc)
+            self.events.add("error", f"could not publish the adapter at step {step}: {exc}")
             return
         self._published_step = step
         durable = published_dir(self.job) / name
@@ -807,6 +856,9 @@ class CoServer:
             self.stats.published.remove(name)  # republished (a restarted job redoing a step): newest last
         self.stats.published.append(name)
         log.debug("published adapter %s", name)
+        self._published_log[name] = {"name": name, "step": step, "loss": self._loss_at(step),
+                                     "created_at": int(time.time())}
+        self.events.add("info", f"published {name}: request it as model {name!r}", data={"model": name, "step": step})
         self._prune_published()
 
     def _prune_published(self) -> None:
@@ -856,6 +908,7 @@ class CoServer:
         """Pause admission and restart the backward process from its newest checkpoint, off the serving path."""
         self.stats.backward_failures += 1
         log.error("%s; admission paused, restarting the backward process from its last checkpoint", why)
+        self.events.add("error", f"{why}; restarting the backward process from its last checkpoint")
         bw = self.backward
         assert bw is not None
 
@@ -899,6 +952,11 @@ class CoServer:
                 assert self.backward is not None
                 self.host.set_finetune_adapter(self.backward.adapter_snapshot(version=rep.step))
                 log.info("backward process restarted from step %d; fine-tuning resumes", rep.step)
+                self.events.add("warn", f"backward process restarted from step {rep.step}; fine-tuning resumes")
+                self._failed = None  # an earlier restart failed, this one worked
+            elif rep.kind == "restart_failed":
+                self._failed = f"the backward process could not be restarted: {rep.message}"
+                self.events.add("error", self._failed)
         return True
 
     def poll(self) -> None:
@@ -906,6 +964,7 @@ class CoServer:
         self.finish_recovery(0.0)
         self._absorb_backward()
         self._maybe_retry_save()
+        self._advance_cancel()
 
     def _maybe_retry_save(self) -> None:
         """While paused for failed saves: try one save every ``save_retry_s`` (the adapter as it stands; nothing
@@ -916,6 +975,178 @@ class CoServer:
             return
         self._save_retry_at = time.monotonic() + self.save_retry_s  # re-armed by a failure's answer too
         self._save(bw)
+
+    # ------------------------------------------------------------------------------------------ operator controls
+    # Called on the thread that drives the host's steps (under `vllm serve`: a collective_rpc between two engine
+    # steps), so they never race on_schedule; none of them blocks a step.
+
+    def pause(self) -> dict[str, Any]:
+        """Admit no more fine-tuning samples until :meth:`resume`; returns the job's status.
+
+        Nothing is lost: a backward batch already running finishes and its optimizer step lands, captures not yet
+        trained stay in the buffer, the open optimizer step stays open, and the data position is kept. Inference
+        is untouched. Raises :class:`JobCallError` (409) for a job that has ended or is being cancelled."""
+        self._refuse_if_ended("pause")
+        if not self._operator_paused:
+            self._operator_paused = True
+            self._paused_since = time.monotonic()
+            bw = self.backward
+            running = bw is not None and bw.busy
+            log.info("fine-tuning paused by the operator%s", "; the running backward batch finishes" if running else "")
+            self.events.add("info", "fine-tuning paused by the operator"
+                            + ("; the running backward batch finishes" if running else ""))
+        return self.job_status()
+
+    def resume(self) -> dict[str, Any]:
+        """Admit fine-tuning samples again after :meth:`pause` (a no-op on a job that is not paused by the operator);
+        returns the job's status. A pause for a fault (failing saves, non-finite steps) is not lifted by this: the
+        status says why it remains."""
+        self._refuse_if_ended("resume")
+        if self._operator_paused:
+            self._operator_paused = False
+            if self._paused_since is not None:
+                self._paused_total_s += time.monotonic() - self._paused_since
+                self._paused_since = None
+            log.info("fine-tuning resumed by the operator")
+            self.events.add("info", "fine-tuning resumed by the operator")
+        return self.job_status()
+
+    def cancel(self) -> dict[str, Any]:
+        """Stop the job: no more admission, a final checkpoint once a running backward batch has finished, then
+        status ``cancelled``. Returns at once (the checkpoint is written by the backward process and noticed
+        between later steps); inference is untouched and published versions stay served. Idempotent."""
+        if self._cancelled_at is not None or self._cancel_requested:
+            return self.job_status()
+        self._refuse_if_ended("cancel")
+        self._cancel_requested = True
+        self._admission_stopped = True
+        log.info("fine-tuning cancelled by the operator: writing a final checkpoint")
+        self.events.add("info", "cancellation requested: admission stopped, final checkpoint follows")
+        self._advance_cancel()
+        return self.job_status()
+
+    def _refuse_if_ended(self, op: str) -> None:
+        status = self._status()
+        if status in ("succeeded", "failed", "cancelled") or (self._cancel_requested and op != "cancel"):
+            raise JobCallError(409, f"cannot {op} job {self.job_id}: it is "
+                               f"{'being cancelled' if status not in ('succeeded', 'failed', 'cancelled') else status}",
+                               code="job_not_active", param="id")
+
+    def _advance_cancel(self) -> None:
+        """Write the cancel's checkpoint once nothing trains (the batch running at the cancel keeps its step)."""
+        bw = self.backward
+        if (not self._cancel_requested or self._cancelled_at is not None or self._cancel_cmd is not None
+                or bw is None or not self._started or bw.busy or self._recovering is not None
+                or time.monotonic() < self._cancel_retry_at):
+            return
+        bw.grant.set()  # admission has stopped: the backward may use the device for the save
+        self._cancel_cmd = bw.save_checkpoint(extra=self._checkpoint_extra())
+        self._save_ids.add(self._cancel_cmd)
+
+    @property
+    def wants_steps(self) -> bool:
+        """Whether an idle host should keep stepping for this job: not once it has finished, nor while the operator
+        paused it and nothing is left in flight (a running batch, a save, an install or publish) -- stepping
+        then would only spin."""
+        if self.finished:
+            return False
+        bw = self.backward
+        in_flight = (bool(self._host_work) or bool(self._save_ids) or self._recovering is not None
+                     or (bw is not None and bw.busy))
+        if self._cancelled_at is not None:
+            return in_flight
+        if self._operator_paused and not self._cancel_requested:
+            return in_flight
+        return True
+
+    def refresh(self) -> None:
+        """Absorb what the backward finished since the last step (a status asked of an idle engine)."""
+        if self._started:
+            self.poll()
+
+    def _status(self) -> str:
+        if self._cancelled_at is not None:
+            return "cancelled"
+        if self._failed is not None:
+            return "failed"
+        if not self._started:
+            return "validating_files"
+        if self._operator_paused or self.stats.paused_reason or self.stats.training_paused:
+            return "paused"
+        if self._finish_announced and self.finished:
+            return "succeeded"
+        return "running"
+
+    def _trained_tokens(self) -> int:
+        # counted by the pool, whose state is in every checkpoint: a resumed job keeps its total
+        return int(self.pool.progress()["tokens_completed"])
+
+    def _loss_at(self, step: int) -> float | None:
+        """The loss of the newest optimizer step at or before adapter ``step`` this run saw land."""
+        seen = [s for s in self._step_losses if s <= step]
+        return self._step_losses[max(seen)] if seen else None
+
+    def _estimated_finish(self, fraction: float) -> int | None:
+        """Unix time the job should end at its rate so far (time paused not counted); None while it cannot tell."""
+        if self._progress_origin is None or self._status() != "running":
+            return None
+        t0, f0 = self._progress_origin
+        paused = self._paused_total_s + (time.monotonic() - self._paused_since if self._paused_since else 0.0)
+        elapsed = time.monotonic() - t0 - paused
+        if fraction <= f0 or elapsed <= 0:
+            return None
+        return int(time.time() + (1.0 - fraction) * elapsed / (fraction - f0))
+
+    def job_status(self) -> dict[str, Any]:
+        """The job as OpenAI's ``fine_tuning.job`` object, DeltaServe's own fields under ``deltaserve``."""
+        status = self._status()
+        progress = self.pool.progress()
+        losses = self.stats.losses
+        error = None
+        if self._failed is not None:
+            error = {"code": "backward_failed", "message": self._failed, "param": None}
+        paused_by = ("operator" if self._operator_paused else "checkpoint_saves" if self.stats.paused_reason
+                     else "nonfinite_steps" if self.stats.training_paused else None)
+        job, lora = self.job, self.job.lora
+        return {
+            "object": "fine_tuning.job", "id": self.job_id, "model": self.spec.path, "training_file": job.dataset,
+            "validation_file": None, "status": status, "created_at": self.created_at,
+            "finished_at": self._cancelled_at if status == "cancelled" else
+            self._finished_at if status == "succeeded" else None,
+            "trained_tokens": self._trained_tokens(), "estimated_finish": self._estimated_finish(progress["fraction"]),
+            "hyperparameters": {"n_epochs": job.epochs, "batch_size": job.backward_batch_tokens,
+                                "learning_rate": job.lr, "weight_decay": job.weight_decay},
+            "method": {"type": "supervised"}, "seed": job.seed,
+            "fine_tuned_model": self.stats.published[-1] if self.stats.published else None,
+            "result_files": [], "error": error,
+            "deltaserve": {
+                "adapter_name": job.adapter_name, "step": self._adapter_version,
+                "loss": losses[-1] if losses else None, "optimizer_steps_this_run": self.stats.optimizer_steps,
+                "paused_by": paused_by, "paused_reason": self.stats.paused_reason or self.stats.training_paused,
+                "cancel_requested": self._cancel_requested and status != "cancelled",
+                "backward_busy": bool(self.backward is not None and self.backward.busy),
+                "progress": {k: progress[k] for k in ("epoch", "epochs", "samples_completed", "samples_total",
+                                                      "fraction")},
+                "batch_size_unit": "tokens",
+                "slo": {"ttft_s": job.slo.ttft_s, "tpot_s": job.slo.tpot_s, "avg_tpot_s": job.slo.avg_tpot_s},
+                "slo_attainment": self.slo_monitor.attainment(),
+                "lora": {"r": lora.r, "alpha": lora.lora_alpha, "target_modules": list(lora.target_modules),
+                         "dropout": lora.lora_dropout},
+                "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps,
+                            "keep": job.checkpoint.keep},
+                "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
+                "published": [self._published_log.get(n, {"name": n, "step": _version_of(n), "loss": None,
+                                                          "created_at": None}) for n in self.stats.published],
+            },
+        }
+
+    def job_checkpoints(self) -> list[dict[str, Any]]:
+        """This run's checkpoints, oldest first, as OpenAI's ``fine_tuning.job.checkpoint`` objects (``metrics``:
+        the loss of the step checkpointed, when this run trained it)."""
+        return [{"object": "fine_tuning.job.checkpoint", "id": f"ftckpt-{self.job.adapter_name}-{c['step']}-{i}",
+                 "fine_tuning_job_id": self.job_id, "created_at": c["created_at"], "step_number": c["step"],
+                 "metrics": {"step": c["step"], "train_loss": c["loss"]},
+                 "fine_tuned_model_checkpoint": c["path"]} for i, c in enumerate(self._checkpoint_log)]
 
     # ------------------------------------------------------------------------------------------ progress
 
@@ -1006,6 +1237,15 @@ def model_on_lent_weights(path: str, lent: Mapping[str, torch.Tensor], *, dtype:
         raise ValueError(f"host {host!r} lends no tensor for {len(missing)} parameter(s) of {path}: "
                          f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     return model.to(device).eval()  # moves the buffers; the lent parameters are already there
+
+
+def _fmt_loss(loss: float | None) -> str:
+    return f"{loss:.4f}" if loss is not None else "n/a"
+
+
+def _version_of(name: str) -> int | None:
+    tail = name.rsplit("@v", 1)[-1]
+    return int(tail) if tail.isdigit() else None
 
 
 def _timed(fn: Callable[[], object]) -> float:

@@ -47,6 +47,7 @@ __all__ = [
     "DeltaServeExecutor",
     "EngineHost",
     "ServeRuntime",
+    "current_runtime",
     "published_dir",
     "start_runtime",
 ]
@@ -218,7 +219,7 @@ class ServeRuntime:
         Yes while the job has work. When the previous idle step ran nothing, wait a little first: the loop
         would otherwise spin on a CPU the backward process may need, and the wait bounds how late a client
         request arriving meanwhile is noticed."""
-        if self._stopped or self._stop_signalled_at is not None or self.coserver.finished:
+        if self._stopped or self._stop_signalled_at is not None or not self.coserver.wants_steps:
             return False
         if self._fruitless_idle:
             time.sleep(_IDLE_RETRY_S)
@@ -268,6 +269,11 @@ def route_logs_to_vllm() -> None:
             ours.addHandler(handler)
         ours.setLevel(logging.INFO)
         ours.propagate = False
+
+
+def current_runtime() -> ServeRuntime | None:
+    """This process's runtime, once the engine has started it (the worker's jobs calls reach the job through it)."""
+    return _RUNTIME.get("runtime")
 
 
 def start_runtime(channel: Channel, vllm_config: Any) -> ServeRuntime:

@@ -269,3 +269,19 @@ class DeltaServeWorkerExtension:
                         & {k.num_tokens for k in uniform if k.has_lora})
         sizes = sorted(int(x) for x in (runner.compilation_config.cudagraph_capture_sizes or []))
         return {"capture_sizes": sizes, "decode_sizes": decode}
+
+    def deltaserve_job_call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One jobs-API call (:func:`deltaserve_core.job_control.job_call`) against this engine's job.
+
+        The executor is vLLM's one-process executor (see :mod:`.plugin`), so this worker runs in the EngineCore
+        process beside the runtime, and between two engine steps (``collective_rpc`` is an engine utility call):
+        the job is read and changed on the thread that drives its steps."""
+        from deltaserve_core.job_control import job_call
+
+        from .serving import current_runtime
+
+        runtime = current_runtime()
+        if runtime is None:
+            return {"status": 503, "error": {"message": "DeltaServe's fine-tuning job has not started in this engine",
+                                             "type": "service_unavailable", "param": None, "code": "job_not_started"}}
+        return job_call([runtime.coserver], op, args)

@@ -1,0 +1,188 @@
+"""The fine-tuning jobs API in vLLM's own OpenAI server (``/v1/fine_tuning/jobs``), against a real ``vllm serve``.
+
+One module-scoped server (the API server and the EngineCore in separate processes, as in production) with
+``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` and ``--api-key``, running a job long enough not to end by itself.
+The tests run in file order on it: list and get show the job training; every route needs the key; pause stops the
+trained-token count (compared across polls, never timed), resume makes it grow again; events page; checkpoints
+are listed; the ``deltaserve jobs`` CLI reads the same server; cancel ends the job with a final checkpoint.
+Completions are served throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deltaserve_core.testing.servers import http_json
+from test_vllm_serve import (  # noqa: F401  (calibrated: a fixture, resolved against this module's job)
+    API_KEY,
+    HAVE_VLLM,
+    PROMPTS,
+    _complete,
+    _env,
+    _start,
+    _stop,
+    calibrated,
+    write_job,
+)
+
+pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install 'deltaserve[vllm]')")
+
+JOB_ID = "ftjob-jobsapi"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # many epochs: the job must still be running when the tests pause and cancel it
+    return write_job(tmp_path_factory.mktemp("jobs-api"), adapter="jobsapi", epochs=200,
+                     checkpoint="{dir: ckpt, every_steps: 3, keep: 50}", publish="{policy: on_checkpoint}")
+
+
+@pytest.fixture(scope="module")
+def server(job: Path, tiny_model: Path, calibrated: None) -> Iterator[dict]:  # noqa: F811
+    env = dict(_env(job.parent), VLLM_PLUGINS="deltaserve,deltaserve_jobs")
+    info = _start(job, tiny_model, env, "server.log", "--api-key", API_KEY)
+    yield info
+    _stop(info["proc"])
+
+
+def _api(server: dict, method: str, path: str, key: str | None = API_KEY) -> tuple[int, Any]:
+    return http_json(method, f"{server['base']}/v1/fine_tuning/jobs{path}", key=key)
+
+
+def _job(server: dict) -> dict:
+    status, body = _api(server, "GET", f"/{JOB_ID}")
+    assert status == 200, body
+    return body
+
+
+def _wait_for(server: dict, cond: Callable[[dict], bool], what: str, timeout: float = 300.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = _job(server)
+        if cond(job):
+            return job
+        assert server["proc"].poll() is None, server["log"].read_text()[-4000:]
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; job: {json.dumps(job)[:2000]}"
+        time.sleep(1.0)
+
+
+def _served(server: dict) -> None:
+    status, body = _complete(server["base"], server["model"], PROMPTS[0])
+    assert status == 200, body
+
+
+def test_list_and_get_show_the_job_training(server: dict) -> None:
+    job = _wait_for(server, lambda j: j["trained_tokens"] > 0, "a trained token")
+    assert job["object"] == "fine_tuning.job" and job["status"] == "running"
+    assert job["model"] == server["model"] and job["training_file"].endswith("data.json")
+    assert job["hyperparameters"]["n_epochs"] == 200 and job["deltaserve"]["lora"]["r"] == 8
+    status, listed = _api(server, "GET", "")
+    assert status == 200 and listed["object"] == "list" and listed["has_more"] is False
+    assert [j["id"] for j in listed["data"]] == [JOB_ID]
+    _served(server)
+
+
+def test_every_route_needs_the_api_key(server: dict) -> None:
+    for method, path in (("GET", ""), ("GET", f"/{JOB_ID}"), ("POST", f"/{JOB_ID}/pause"),
+                         ("POST", f"/{JOB_ID}/cancel"), ("GET", f"/{JOB_ID}/events"),
+                         ("GET", f"/{JOB_ID}/checkpoints"), ("POST", "")):
+        for key in (None, "wrong-" + API_KEY):
+            status, body = _api(server, method, path, key=key)
+            assert status == 401, (method, path, key is None, body)
+    assert _job(server)["status"] == "running"  # the refused pause and cancel did nothing
+    status, body = _api(server, "POST", "")
+    assert status == 501 and "declared when it started" in body["error"]["message"], body
+    assert body["error"]["code"] == "jobs_declared_at_startup"
+    status, body = _api(server, "GET", "/ftjob-nope")
+    assert status == 404 and body["error"]["code"] == "job_not_found", body
+
+
+def test_pause_stops_training_and_resume_restarts_it(server: dict) -> None:
+    status, body = _api(server, "POST", f"/{JOB_ID}/pause")
+    assert status == 200 and body["status"] == "paused", body
+    job = _wait_for(server, lambda j: not j["deltaserve"]["backward_busy"], "the running batch to land")
+    held = job["trained_tokens"]
+    for _ in range(4):  # several polls a second apart, with client requests in between
+        _served(server)
+        time.sleep(1.0)
+        job = _job(server)
+        assert job["status"] == "paused" and job["trained_tokens"] == held, job
+    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
+    assert status == 200 and body["status"] == "running", body
+    _wait_for(server, lambda j: j["trained_tokens"] > held, "training after resume")
+    _served(server)
+
+
+def test_events_are_paged_newest_first(server: dict) -> None:
+    status, first = _api(server, "GET", f"/{JOB_ID}/events?limit=2")
+    assert status == 200 and first["object"] == "list" and len(first["data"]) == 2 and first["has_more"], first
+    status, second = _api(server, "GET", f"/{JOB_ID}/events?limit=2&after={first['data'][-1]['id']}")
+    assert status == 200, second
+    ids = [int(e["id"].split("-")[1]) for e in first["data"] + second["data"]]
+    assert ids == sorted(ids, reverse=True) and len(set(ids)) == len(ids)
+    status, every = _api(server, "GET", f"/{JOB_ID}/events?limit=1000")
+    messages = [e["message"] for e in every["data"]]
+    assert any("paused by the operator" in m for m in messages) and any("resumed by" in m for m in messages)
+    assert {"id", "created_at", "level", "type", "message"} <= set(every["data"][0])
+    status, body = _api(server, "GET", f"/{JOB_ID}/events?limit=0")
+    assert status == 400 and body["error"]["param"] == "limit", body
+
+
+def test_checkpoints_are_listed(server: dict) -> None:
+    deadline = time.monotonic() + 300
+    while True:
+        status, page = _api(server, "GET", f"/{JOB_ID}/checkpoints")
+        assert status == 200, page
+        if page["data"]:
+            break
+        assert time.monotonic() < deadline, "no checkpoint listed"
+        time.sleep(1.0)
+    ck = page["data"][0]
+    assert ck["object"] == "fine_tuning.job.checkpoint" and ck["step_number"] % 3 == 0
+    assert Path(ck["fine_tuned_model_checkpoint"]).is_dir() and "train_loss" in ck["metrics"]
+
+
+def _cli(server: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "jobs", *args, "--server", server["base"]],
+                          env=dict(_env(Path(server["log"]).parent), DELTASERVE_API_KEY=API_KEY),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_the_cli_reads_the_server(server: dict) -> None:
+    listed = _cli(server, "list")
+    assert listed.returncode == 0 and JOB_ID in listed.stdout and "running" in listed.stdout, listed.stderr
+    got = _cli(server, "get")  # the server's only job
+    assert got.returncode == 0 and json.loads(got.stdout)["id"] == JOB_ID, got.stderr
+    events = _cli(server, "events", JOB_ID, "--limit", "5")
+    assert events.returncode == 0 and len(events.stdout.strip().splitlines()) >= 5, events.stderr
+    refused = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "jobs", "list", "--server",
+                              server["base"], "--api-key", "wrong"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "401" in refused.stderr, refused.stderr
+
+
+def test_cancel_ends_the_job_with_a_final_checkpoint(server: dict) -> None:
+    status, body = _api(server, "POST", f"/{JOB_ID}/cancel")
+    assert status == 200 and body["status"] in ("running", "cancelled"), body
+    job = _wait_for(server, lambda j: j["status"] == "cancelled", "cancelled")
+    assert job["finished_at"] is not None
+    status, page = _api(server, "GET", f"/{JOB_ID}/checkpoints")
+    newest = page["data"][0]
+    assert newest["step_number"] == job["deltaserve"]["step"]
+    assert Path(newest["fine_tuned_model_checkpoint"]).is_dir()
+    held = job["trained_tokens"]
+    _served(server)
+    time.sleep(2.0)
+    assert _job(server)["trained_tokens"] == held
+    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
+    assert status == 409 and body["error"]["code"] == "job_not_active", body
+    watch = _cli(server, "watch", "--interval", "0.5")  # an ended job: one line, then it returns
+    assert watch.returncode == 0 and "cancelled" in watch.stdout, watch.stderr
+    _served(server)
