@@ -269,16 +269,22 @@ def test_deltaserve_metrics_are_on_vllms_own_metrics_endpoint(server: dict) -> N
     from deltaserve_core.testing.metrics import assert_sane
 
     job = ((JOB_LABEL, "served"),)
+    # long enough for the scheduler's SLO view, which samples the running requests every 0.1 s
+    status, body = _post(f"{server['base']}/v1/completions", {"model": server["model"], "prompt": PROMPTS[0],
+                                                              "max_tokens": 48, "temperature": 0.0,
+                                                              "ignore_eos": True})
+    assert status == 200, body
     deadline = time.monotonic() + 120
     while True:  # the EngineCore exports every second
         series = _scrape(server["base"])
-        if series.get("deltaserve_publishes_total", {}).get(job, 0) >= 1:
+        if (series.get("deltaserve_publishes_total", {}).get(job, 0) >= 1
+                and series.get("deltaserve_slo_requests", {}).get(job, 0) >= 1):
             break
-        assert time.monotonic() < deadline, f"no publish on /metrics: {series.get('deltaserve_publishes_total')}"
+        assert time.monotonic() < deadline, f"no publish or request on /metrics: {series}"
         time.sleep(1)
     assert_sane(series, "served")
     assert series["deltaserve_checkpoints_total"][job] == 0  # periodic checkpoints are off in this job
-    assert series["deltaserve_slo_requests"][job] >= 1, "the greedy requests above were not seen"
+    assert set(dict(k)["objective"] for k in series["deltaserve_slo_attainment_ratio"]) == {"ttft", "tpot", "both"}
     steps = series["deltaserve_optimizer_steps_total"][job]
     # a fresh job: no resumed checkpoint (one apart: sampled while the engine may be between the two updates)
     assert abs(series["deltaserve_adapter_step"][job] - steps) <= 1

@@ -750,8 +750,10 @@ class CoServer:
         keep = sum(1 for s, _ in self._step_log if s <= step)
         dropped = self._step_log[keep:]
         del self._step_log[keep:]
-        self.stats.redone_steps += len(dropped)
+        # taken off before they are added back as redone: a reader on another thread (metrics) may see the sum dip
+        # for a moment, which it ignores, but never overshoot
         self.stats.optimizer_steps -= len(dropped)
+        self.stats.redone_steps += len(dropped)
         self.stats.trained_tokens -= sum(t for _, t in dropped)
         self.stats.redone_tokens += sum(t for _, t in dropped)
         for series in (self.stats.trained_batches, self.stats.losses):

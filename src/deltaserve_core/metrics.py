@@ -144,6 +144,10 @@ class JobMetrics:
         self.job = coserver.job.adapter_name
         self._step_counts = dict.fromkeys(STEP_KINDS, 0)
         self._step_seconds = dict.fromkeys(STEP_KINDS, 0.0)
+        #: the highest value each counter series was sampled at: a sample taken while the engine's thread is
+        #: half-way through an update (a backward restart's rewind) must not show a counter going down
+        self._highest: dict[tuple[str, str | None], float] = {}
+        self._lock = threading.Lock()  # samplers: the exporter thread, HTTP threads
         coserver.step_observers.append(self.on_step)
 
     def on_step(self, record: StepRecord) -> None:
@@ -158,15 +162,29 @@ class JobMetrics:
     def sample(self) -> Snapshot:
         for _ in range(5):
             try:
-                return self._sample()
+                snapshot = self._sample()
+                break
             except RuntimeError:  # a dict or deque the engine's thread changed while this one iterated it
                 time.sleep(0.001)
-        return self._sample()
+        else:
+            snapshot = self._sample()
+        with self._lock:
+            for m in METRICS:
+                if m.kind != "counter":
+                    continue
+                series = []
+                for label, value in snapshot[m.name]:
+                    value = max(value, self._highest.get((m.name, label), 0.0))
+                    self._highest[(m.name, label)] = value
+                    series.append((label, value))
+                snapshot[m.name] = series
+        return snapshot
 
     def _sample(self) -> Snapshot:
         co, st = self.co, self.co.stats
         reasons = dict(st.admission_reasons)
         attained = co.slo_monitor.attainment()
+        backward = self._backward_state()
         out: Snapshot = {
             "deltaserve_finetune_tokens_total": [(None, st.trained_tokens + st.redone_tokens)],
             "deltaserve_finetune_forward_tokens_total": [(None, st.forward_tokens)],
@@ -195,7 +213,7 @@ class JobMetrics:
             "deltaserve_slo_target_seconds": [("ttft", co.slo.ttft_s), ("tpot", co.slo.tpot_s)],
             "deltaserve_estimator_error_ratio": [(m, v) for m in (e.value for e in ExecutionMode)
                                                  if (v := st.estimator_mape(m)) is not None],
-            "deltaserve_backward_state": [(s, float(s == self._backward_state())) for s in BACKWARD_STATES],
+            "deltaserve_backward_state": [(s, float(s == backward)) for s in BACKWARD_STATES],
             "deltaserve_training_paused": [(None, float(bool(st.training_paused or st.paused_reason)))],
             "deltaserve_data_progress_ratio": [(None, co.pool.progress()["fraction"])],
         }
@@ -325,7 +343,7 @@ class MultiprocessSink:
                 child = metric.labels(job, label) if m.label else metric.labels(job)
                 if m.kind == "counter":
                     before = self._counted.get((name, label), 0.0)
-                    if value > before:  # the raw totals never decrease; this keeps the counter so if one did
+                    if value > before:  # a prometheus_client counter only takes increments
                         child.inc(value - before)
                         self._counted[(name, label)] = value
                 elif math.isfinite(value):
