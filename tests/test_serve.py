@@ -1,7 +1,7 @@
 """`deltaserve serve`: the operator path, as an operator runs it (a subprocess on a free 127.0.0.1 port).
 
-Greedy outputs over HTTP equal the same host's outputs without DeltaServe; the job trains meanwhile; unsupported
-sampling is refused with a 400; SIGTERM finishes cleanly (exit 0) with a checkpoint on disk; a bad job file is a
+Greedy outputs over HTTP equal the same host's outputs without DeltaServe; the job trains meanwhile and
+``/metrics`` shows it (every DeltaServe metric, sane values); unsupported sampling is refused with a 400; SIGTERM finishes cleanly (exit 0) with a checkpoint on disk; a bad job file is a
 one-line error (exit 2) before anything starts.
 """
 
@@ -226,6 +226,8 @@ def _serve_flow(workdir: Path, host: str, prompts: list[object], ready_timeout: 
         assert status == 200 and body["model"].startswith(f"job-{host}@v"), body
         assert int(body["model"].rsplit("@v", 1)[1]) >= int(name.rsplit("@v", 1)[1]), (body["model"], name)
 
+        _assert_metrics(base, f"job-{host}")
+
         # SIGTERM with a request in flight: it is finished and answered before the server exits.
         long_request.start()
         deadline = time.monotonic() + 30.0
@@ -283,17 +285,31 @@ def test_serve_reference(workdir: Path) -> None:
         assert len(results) == 64 and all(code == 200 for code, _ in results), [c for c, _ in results]
         state = _http("GET", f"{server.base}/deltaserve/status", key=key)[1]
         assert state["pool"]["samples_completed"] > 0, state
+        # with the key; this process republished the resumed adapter, and may have had nothing left to train
+        _assert_metrics(server.base, "job-reference", key, trained=False)
     finally:
         rc = server.stop(timeout=180.0)
     assert rc == 0, server.output()
     assert key not in server.log.read_text()  # the key is never logged
 
 
+def _assert_metrics(base: str, job: str, key: str | None = None, **expect: bool) -> None:
+    """GET /metrics: every DeltaServe metric in Prometheus' text format, with sane values (``expect``: what
+    :func:`~deltaserve_core.testing.metrics.assert_sane` may assume; by default a trained, published job)."""
+    from deltaserve_core.testing.metrics import assert_sane, parse_exposition
+
+    req = urllib.request.Request(f"{base}/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain"), resp.headers
+        assert_sane(parse_exposition(resp.read().decode()), job, **expect)
+
+
 def _assert_key_required(base: str, key: str) -> None:
     """Without the key (or with another) every endpoint that serves or shows the job is a 401 that reveals
     nothing, not even whether the path exists; /health stays open for load balancers."""
     asks = [("POST", "/v1/completions", {"prompt": [5, 6], "max_tokens": 1}), ("GET", "/v1/models", None),
-            ("GET", "/deltaserve/status", None), ("GET", "/no/such/path", None), ("POST", "/v1/chat/completions", {})]
+            ("GET", "/deltaserve/status", None), ("GET", "/metrics", None), ("GET", "/no/such/path", None),
+            ("POST", "/v1/chat/completions", {})]
     for wrong in (None, "wrong", key + "x", key[:-1], f"Basic {key}"):
         for method, path, body in asks:
             if wrong is not None and wrong.startswith("Basic "):

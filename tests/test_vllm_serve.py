@@ -258,6 +258,49 @@ def test_adapter_endpoints_and_completions_need_the_api_key(server: dict, tiny_a
     assert _complete(base, "mine", PROMPTS[0])[0] == 404  # the keyless loads did nothing
 
 
+def _scrape(base: str) -> dict:
+    """vLLM's own GET /metrics (open without the key, as vLLM guards only its /v1 routes), parsed."""
+    import urllib.request
+
+    from deltaserve_core.testing.metrics import parse_exposition
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+        assert resp.status == 200
+        return parse_exposition(resp.read().decode())
+
+
+def test_deltaserve_metrics_are_on_vllms_own_metrics_endpoint(server: dict) -> None:
+    """Written by the EngineCore, where the job runs; served by vLLM's API server process beside vLLM's own."""
+    from deltaserve_core.metrics import JOB_LABEL
+    from deltaserve_core.testing.metrics import assert_sane
+
+    job = ((JOB_LABEL, "served"),)
+    # long enough for the scheduler's SLO view, which samples the running requests every 0.1 s
+    status, body = _post(f"{server['base']}/v1/completions", {"model": server["model"], "prompt": PROMPTS[0],
+                                                              "max_tokens": 48, "temperature": 0.0,
+                                                              "ignore_eos": True})
+    assert status == 200, body
+    deadline = time.monotonic() + 120
+    while True:  # the EngineCore exports every second
+        series = _scrape(server["base"])
+        if (series.get("deltaserve_publishes_total", {}).get(job, 0) >= 1
+                and series.get("deltaserve_slo_requests", {}).get(job, 0) >= 1):
+            break
+        assert time.monotonic() < deadline, f"no publish or request on /metrics: {series}"
+        time.sleep(1)
+    assert_sane(series, "served")
+    assert series["deltaserve_checkpoints_total"][job] == 0  # periodic checkpoints are off in this job
+    assert set(dict(k)["objective"] for k in series["deltaserve_slo_attainment_ratio"]) == {"ttft", "tpot", "both"}
+    steps = series["deltaserve_optimizer_steps_total"][job]
+    # a fresh job: no resumed checkpoint (one apart: sampled while the engine may be between the two updates)
+    assert abs(series["deltaserve_adapter_step"][job] - steps) <= 1
+    assert "vllm:num_requests_running" in series and "vllm:generation_tokens_total" in series  # vLLM's own stay
+    time.sleep(2.5)
+    later = _scrape(server["base"])
+    for name in ("deltaserve_optimizer_steps_total", "deltaserve_finetune_tokens_total"):
+        assert later[name][job] >= series[name][job], name  # counters only go up between scrapes
+
+
 def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) -> None:
     assert not list(server["ckpt"].glob("checkpoint-*")), "periodic checkpoints are off in this job"
     proc = server["proc"]
@@ -298,5 +341,13 @@ def test_restart_serves_published_versions_without_runtime_loading(server: dict,
         assert _complete(info["base"], "__deltaserve_finetune__", PROMPTS[0])[0] == 404
         assert _post(f"{info['base']}/v1/completions", {"model": name, "prompt": PROMPTS[0]}, key=None)[0] == 401
         assert "resumed fine-tuning from checkpoint" in info["log"].read_text()
+        # where the job is continues from the checkpoint; what this process did starts at 0
+        from deltaserve_core.metrics import JOB_LABEL
+
+        resumed = max(int(p.name.split("-")[1]) for p in info["ckpt"].glob("checkpoint-*"))
+        job = ((JOB_LABEL, "served"),)
+        series = _scrape(info["base"])
+        assert series["deltaserve_adapter_step"][job] >= resumed >= 1, series["deltaserve_adapter_step"]
+        assert series["deltaserve_optimizer_steps_total"][job] <= series["deltaserve_adapter_step"][job] - resumed + 1
     finally:
         _stop(info["proc"])

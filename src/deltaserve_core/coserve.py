@@ -93,6 +93,10 @@ class CoServeStats:
     publish_failures: int = 0
     #: optimizer steps trained again after a backward restart rewound to an older checkpoint
     redone_steps: int = 0
+    #: their tokens, taken off ``trained_tokens`` by the rewind: ``trained_tokens + redone_tokens`` never decreases
+    redone_tokens: int = 0
+    #: adapter versions published by this process (``published`` is pruned to ``checkpoint.keep``)
+    publishes: int = 0
     #: why fine-tuning stopped admitting samples (None while it runs): an operator has to look
     training_paused: str | None = None
     #: checkpoint saves that failed (unwritable or full folder); consecutive ones pause training (see CoServer)
@@ -131,7 +135,7 @@ class CoServeStats:
             "losses": list(self.losses),
             "backward_failures": self.backward_failures, "nonfinite_skipped": self.nonfinite_skipped,
             "publish_refused": self.publish_refused, "publish_failures": self.publish_failures,
-            "redone_steps": self.redone_steps,
+            "redone_steps": self.redone_steps, "redone_tokens": self.redone_tokens, "publishes": self.publishes,
             "training_paused": self.training_paused,
             "save_failures": self.save_failures, "consecutive_save_failures": self.consecutive_save_failures,
             "paused_reason": self.paused_reason,
@@ -286,6 +290,9 @@ class CoServer:
         self._step_reasons: OrderedDict[int, str] = OrderedDict()
         self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
         self._admission_stopped = False
+        #: called with every executed step's record once the controller has handled it, on the host's scheduling
+        #: thread, so they must be cheap and must not raise (metrics use this: :mod:`.metrics`)
+        self.step_observers: list[Callable[[StepRecord], None]] = []
         self._init_operator_state()
 
     def _init_operator_state(self) -> None:
@@ -488,6 +495,16 @@ class CoServer:
         self._host_work[key] = work
         self._host_work_since.setdefault(key, time.monotonic())
 
+    @property
+    def adapter_step(self) -> int:
+        """The optimizer step the job's adapter is at: resumed from the checkpoint, rewound by a backward restart."""
+        return self._adapter_version
+
+    @property
+    def recovering(self) -> bool:
+        """Whether the backward process is being restarted (admission paused meanwhile)."""
+        return self._recovering is not None
+
     def step_reason(self, step_id: int) -> str | None:
         """Why step ``step_id`` carried the fine-tuning rows it did (an :class:`AdmissionReason` value), for step
         logs; recent steps only, each answered once."""
@@ -622,6 +639,8 @@ class CoServer:
             for sid in missing:
                 self.buffer.release(sid)  # type: ignore[union-attr]
             self.pool.release(sorted(missing))
+        for observe in self.step_observers:
+            observe(record)
         self._maybe_log()
 
     # ------------------------------------------------------------------------------------------ backward
@@ -784,9 +803,12 @@ class CoServer:
         keep = sum(1 for s, _ in self._step_log if s <= step)
         dropped = self._step_log[keep:]
         del self._step_log[keep:]
-        self.stats.redone_steps += len(dropped)
+        # taken off before they are added back as redone: a reader on another thread (metrics) may see the sum dip
+        # for a moment, which it ignores, but never overshoot
         self.stats.optimizer_steps -= len(dropped)
+        self.stats.redone_steps += len(dropped)
         self.stats.trained_tokens -= sum(t for _, t in dropped)
+        self.stats.redone_tokens += sum(t for _, t in dropped)
         for series in (self.stats.trained_batches, self.stats.losses):
             if len(dropped) and len(series) >= len(dropped):
                 del series[len(series) - len(dropped):]
@@ -845,6 +867,7 @@ class CoServer:
             self.events.add("error", f"could not publish the adapter at step {step}: {exc}")
             return
         self._published_step = step
+        self.stats.publishes += 1
         durable = published_dir(self.job) / name
         if not (durable / "adapter_config.json").is_file():
             # Hosts that publish into their own temp folder: the copy here is what a restart serves again.

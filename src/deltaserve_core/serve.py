@@ -14,7 +14,8 @@ Threads:
 - the main thread handles SIGINT/SIGTERM: stop accepting, let in-flight requests finish, write the final
   checkpoint, stop the backward process, exit 0. A second Ctrl-C abandons in-flight requests (answered 503).
 
-Endpoints: ``POST /v1/completions`` (greedy only), ``GET /v1/models``, ``GET /deltaserve/status``, ``GET /health``.
+Endpoints: ``POST /v1/completions`` (greedy only), ``GET /v1/models``, ``GET /deltaserve/status``, ``GET /metrics``
+(Prometheus, :mod:`.metrics`), ``GET /health``.
 With an API key (``--api-key`` or ``DELTASERVE_API_KEY``) every endpoint but ``/health`` needs
 ``Authorization: Bearer <key>`` (:func:`authorized`), as vLLM's own server does under ``--api-key``. All policy
 (admission, training, checkpoints, publishing) is in the core; this module only wires.
@@ -192,6 +193,9 @@ class EngineLoop:
         self._exited = False
         self._last_log = time.monotonic()
         self._logged_requests = 0
+        from .metrics import JobMetrics
+
+        self.metrics = JobMetrics(coserver)
 
     # -- other threads ------------------------------------------------------------------------------------
 
@@ -344,6 +348,12 @@ class EngineLoop:
                  s["ttft_attainment"] * 100, s["tpot_attainment"] * 100, s["mean_ttft_s"], s["max_tpot_s"],
                  len(self._live))
 
+    def metrics_text(self) -> tuple[bytes, str]:
+        """``GET /metrics``: the job's Prometheus metrics (:mod:`.metrics`) and their content type. Any thread."""
+        from .metrics import SnapshotCollector, render_text
+
+        return render_text(SnapshotCollector(lambda: (self.metrics.job, self.metrics.sample())))
+
     def status(self) -> dict[str, Any]:
         """Job and inference progress (runs on the engine thread, through :meth:`call`)."""
         co = self.co
@@ -495,9 +505,11 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop,
             log.debug("%s %s", self.address_string(), format % args)
 
         def _send(self, status: int, payload: Any) -> None:
-            data = json.dumps(payload).encode()
+            self._send_bytes(status, json.dumps(payload).encode(), "application/json")
+
+        def _send_bytes(self, status: int, data: bytes, content_type: str) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             if status == 401:
                 self.send_header("WWW-Authenticate", "Bearer")
@@ -531,6 +543,9 @@ def _handler_class(frontend: _Frontend, loop: EngineLoop,
                         raise _HttpError(503, str(exc), "unavailable") from exc
                 elif path == "/health":
                     self._send(200 if loop.accepting else 503, {"accepting": loop.accepting})
+                elif path == "/metrics":
+                    # sampled on this thread, not the engine's: a scrape never waits for a step (or a stop)
+                    self._send_bytes(200, *loop.metrics_text())
                 else:
                     raise _HttpError(404, f"no such endpoint: GET {path}", "not_found")
             except _HttpError as err:

@@ -20,6 +20,10 @@ job file, its dataset and checkpoint folder, the server arguments DeltaServe nee
 against the model's files and resuming against the checkpoint. A bad job stops SGLang there, before it spawns
 the scheduler that would load the model.
 
+Metrics: with SGLang's ``--enable-metrics`` every SGLang process runs prometheus_client in multiprocess mode, and
+the API server's ``/metrics`` serves that folder; the job's metrics (:mod:`deltaserve_core.metrics`) are written
+there from this process, beside SGLang's own scheduler metrics.
+
 Stopping: SIGINT/SIGTERM reach the scheduler directly (Ctrl-C signals the whole process group), as SGLang's
 ``ShutdownReq`` once the API server drained its requests (SIGTERM to the API server), or as a SIGTERM from
 :func:`stop_schedulers_first` just before the API server kills its children (SIGINT to the API server alone:
@@ -244,9 +248,18 @@ class ServeRuntime:
             "max_decode_batch": min(64, int(scheduler.max_running_requests))})
         self._stopped = False
         self._stop_signalled_at: float | None = None
+        self.metrics: Any = None
 
     def start(self) -> None:
+        from deltaserve_core.metrics import start_exporter
+
         self.coserver.start()
+        # SGLang's --enable-metrics puts every process in prometheus_client's multiprocess mode (the folder is
+        # inherited from the launcher); the API server's /metrics serves what this process writes there
+        self.metrics = start_exporter(self.coserver)
+        if self.metrics is None:
+            log.info("DeltaServe: SGLang runs without --enable-metrics, so its /metrics (and DeltaServe's metrics "
+                     "on it) is off")
         self._catch_stop_signals()
         log.info("DeltaServe co-serving started in the SGLang scheduler: dataset %s, adapter %s, checkpoints in %s",
                  self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
@@ -292,6 +305,8 @@ class ServeRuntime:
         try:
             self.coserver.shutdown(timeout_s=timeout)
         finally:
+            if self.metrics is not None:
+                self.metrics.close()
             self.host.shutdown()
 
 

@@ -21,7 +21,9 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
   (``<adapter>@v<step>``) with vLLM's runtime LoRA loading left exactly as the operator set it, and, where the
   operator turned it on, no client load or unload can touch DeltaServe's names, folders or versions;
 - ``shutdown_timeout`` of at least ``shutdown_grace_s`` (default 30 s), so that on SIGINT/SIGTERM the API server
-  gives the EngineCore time to write the final checkpoint before it kills it.
+  gives the EngineCore time to write the final checkpoint before it kills it;
+- in the API server process, the collector of DeltaServe's Prometheus metrics (:mod:`.metrics`), so they appear on
+  vLLM's own ``/metrics``.
 
 Optional settings next to ``job``: ``log_every_s`` (default 10), the interval of the fine-tuning progress line;
 ``shutdown_grace_s`` (default 30), the least ``--shutdown-timeout`` DeltaServe runs with.
@@ -164,6 +166,10 @@ def configure_engine_args(args: Any) -> bool:
     # Runtime LoRA loading stays as the operator set it (VLLM_ALLOW_RUNTIME_LORA_UPDATING): published versions
     # are served through the guard, in this process, and never through the public load endpoint.
     install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, published_dir(job)))
+    from .metrics import METRICS_FILE_KEY, install_api_server_collector
+
+    # DeltaServe's metrics on this server's /metrics: the EngineCore writes what this process serves
+    settings[METRICS_FILE_KEY] = install_api_server_collector()
     log.info("DeltaServe enabled: job %s (adapter %s)", job_path, job.adapter_name)
     return True
 

@@ -169,6 +169,8 @@ class ServeRuntime:
                 f"--dtype {key.dtype}` first (same model path; DELTASERVE_PROFILE_DIR selects the store)")
         self.coserver = CoServer(self.host, self.job, latency_model=profile.model,
                                  log_every_s=float(settings.get("log_every_s", 10.0)))
+        self._metrics_file: str | None = settings.get("metrics_file")
+        self.metrics: Any = None
         self._fruitless_idle = False
         self._stopped = False
         self._stop_signalled_at: float | None = None
@@ -176,7 +178,11 @@ class ServeRuntime:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        from deltaserve_core.metrics import start_exporter
+
         self.coserver.start()
+        # to the API server's /metrics: the file it named, or vLLM's multiprocess folder (deltaserve_vllm.metrics)
+        self.metrics = start_exporter(self.coserver, snapshot_path=self._metrics_file)
         self.channel.idle_source = self.wants_idle_step
         atexit.register(self.stop)
         self._chain_stop_signals()
@@ -247,6 +253,8 @@ class ServeRuntime:
         try:
             self.coserver.shutdown(timeout_s=timeout)
         finally:
+            if self.metrics is not None:
+                self.metrics.close()  # the last values, final checkpoint included
             shutil.rmtree(self._work, ignore_errors=True)
 
 

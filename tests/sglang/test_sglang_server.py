@@ -350,3 +350,45 @@ def _assert_loads_as_peft(served: SimpleNamespace, step: int) -> None:
     base = AutoModelForCausalLM.from_pretrained(served.model, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, served.ckpt / f"checkpoint-{step:08d}")
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())  # trained, not fresh
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_deltaserve_metrics_are_on_sglangs_own_metrics_endpoint(served: SimpleNamespace) -> None:
+    """With ``--enable-metrics`` SGLang runs every process in prometheus_client's multiprocess mode: what DeltaServe
+    records in the scheduler process is on the API server's ``/metrics``, beside SGLang's own metrics."""
+    from deltaserve_core.metrics import JOB_LABEL
+    from deltaserve_core.testing.metrics import assert_sane, parse_exposition
+
+    # after the stop tests this start resumes, and publishes the resumed version again
+    resumed_step = max(_checkpoint_steps(served.ckpt), default=0)
+    port = _free_port()
+    server = _Server(_argv(served.model, port, "--api-key", API_KEY, "--enable-metrics"),
+                     _env(served.job, uuid.uuid4().hex, served.profiles), served.root / "metrics.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        why = wait_until_up(f"{base}/health", server.proc, 900, poll_s=2.0)
+        assert why is None, f"the server {why}:\n{server.text()[-4000:]}"
+        status, _ = _http("POST", f"{base}/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 4, "temperature": 0}})
+        assert status == 200
+        job = ((JOB_LABEL, "stopper"),)
+        deadline = time.monotonic() + 600
+        while True:
+            status, text = http_json("GET", f"{base}/metrics")  # open, as SGLang leaves it under --api-key
+            assert status == 200 and isinstance(text, str), (status, text)
+            series = parse_exposition(text)
+            if series.get("deltaserve_optimizer_steps_total", {}).get(job, 0) >= 1:
+                break
+            assert server.proc.poll() is None, server.text()[-4000:]
+            assert time.monotonic() < deadline, f"no optimizer step on /metrics:\n{server.text()[-4000:]}"
+            time.sleep(2)
+        assert_sane(series, "stopper", published=resumed_step > 0, multiprocess=True)
+        assert any(name.startswith("sglang:") for name in series), sorted(series)[:20]  # SGLang's own stay
+        # where the job is continues from the checkpoint; the counters count this process's work
+        assert series["deltaserve_adapter_step"][job] >= resumed_step + 1
+    finally:
+        if server.proc.poll() is None:
+            server.proc.send_signal(signal.SIGTERM)
+            server.wait_exit(120)
