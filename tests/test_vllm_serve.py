@@ -221,6 +221,28 @@ def test_job_trains_publishes_and_serves_the_published_version(server: dict) -> 
     assert "DeltaServe co-serving started" in server["log"].read_text()
 
 
+def test_models_lists_every_published_version_and_latest_serves_the_newest(server: dict) -> None:
+    """Versions appear in /v1/models once written, without a client having asked for them first, and
+    `served@latest` is the newest (it may move on while the job trains: only 'at least as new' is checked)."""
+    def on_disk() -> list[str]:
+        folders = server["ckpt"].joinpath("published").glob("served@v*/adapter_config.json")
+        return sorted((p.parent.name for p in folders), key=lambda n: int(n.split("@v")[1]))
+
+    before = on_disk()
+    assert before, server["log"].read_text()[-4000:]
+    status, listing = _post(f"{server['base']}/v1/models", None, method="GET")
+    assert status == 200, listing
+    ids = [card["id"] for card in listing["data"]]
+    assert set(before) <= set(ids), (before, ids)  # never requested, listed all the same
+    assert ids.count("served@latest") == 1 and len(ids) == len(set(ids)), ids
+    status, body = _complete(server["base"], "served@latest", PROMPTS[2])
+    assert status == 200, body
+    served = body["model"]  # vLLM answers with the version that ran
+    assert int(served.split("@v")[1]) >= int(before[-1].split("@v")[1]), (served, before)
+    status, again = _complete(server["base"], served, PROMPTS[2])
+    assert status == 200 and again["choices"][0]["token_ids"] == body["choices"][0]["token_ids"], again
+
+
 def test_reserved_adapter_is_not_servable(server: dict) -> None:
     status, body = _complete(server["base"], "__deltaserve_finetune__", PROMPTS[0])
     assert status == 404, body
