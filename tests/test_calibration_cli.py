@@ -7,7 +7,11 @@ asserts on timings.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,6 +113,67 @@ def test_tiny_shortcut_builds_once_under_the_cache(tmp_path: Path, monkeypatch: 
     path = resolve_model("tiny")
     assert path == tmp_path / "models" / "tiny-llama" and (path / "config.json").is_file()
     assert resolve_model("tiny") == path  # the second call reuses the folder
+
+
+@pytest.fixture(scope="module")
+def short_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny bfloat16 Llama whose context (128 tokens) is far below the sweep's caps: the defaults must fit it."""
+    import torch
+
+    from deltaserve_core.testing.tiny_model import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("short") / "tiny-128", max_position_embeddings=128,
+                            dtype=torch.bfloat16)
+
+
+def test_defaults_come_from_the_model_config(tmp_path: Path, short_model: Path, capsys) -> None:  # noqa: ANN001
+    store, out = tmp_path / "profiles", tmp_path / "calibration.json"
+    assert run_calibrate(parse("--model", str(short_model), "--store", str(store), "--json", str(out),
+                               "--max-decode", "4", "--max-ft", "64", "--no-progress")) == 0
+    summary = json.loads(out.read_text())
+    # the longest prompt leaves room for the token its prefill samples; a decode row for the 2 tokens it makes
+    assert summary["limits"] == {"max_prefill": 127, "max_decode": 4, "max_kv": 126, "max_ft": 64}
+    assert summary["key"]["dtype"] == "bfloat16"  # the model's own, not float32
+    text = capsys.readouterr().out
+    serve = [ln.strip() for ln in text.splitlines() if "deltaserve serve" in ln]
+    assert serve == [f"DELTASERVE_PROFILE_DIR={store.resolve()} deltaserve serve --host reference {short_model} "
+                     "--job job.yaml --dtype bfloat16 --device cpu --max-batch-tokens 2048 --max-lora-rank 16"]
+
+
+@pytest.mark.parametrize(("flag", "value", "fix"), [("--max-kv", "127", "--max-kv 126"),
+                                                    ("--max-kv", "65536", "--max-kv 126"),
+                                                    ("--max-prefill", "128", "--max-prefill 127")])
+def test_limits_the_context_cannot_hold_are_refused_before_the_host_starts(
+        short_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str, value: str, fix: str) -> None:
+    def no_host(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the host was created before the limits were checked")
+
+    monkeypatch.setattr("deltaserve_core.registry.create_host", no_host)
+    with pytest.raises(ValueError) as info:
+        run_calibrate(parse("--model", str(short_model), "--store", str(tmp_path), flag, value, "--no-progress"))
+    message = str(info.value)
+    assert f"{flag} {value} does not fit" in message and fix in message, message
+    assert "context length 128" in message and "max_position_embeddings" in message, message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("DELTASERVE_REQUIRE_ENGINES"),
+                    reason="vLLM is not installed (pip install 'deltaserve[vllm]')")
+def test_vllm_calibrates_with_the_default_limits(tmp_path: Path) -> None:
+    """`deltaserve calibrate --host vllm --model M` without --max-kv, --max-prefill or --dtype: their old defaults
+    (65536 KV tokens, 2048-token prompts) exceeded the model's context and failed in vLLM's input checks. The decode
+    batch and fine-tuning limits are set small only to keep the sweep short."""
+    from deltaserve_core.testing.tiny_model import build_tiny_llama
+
+    model = build_tiny_llama(tmp_path / "tiny-128-fp32", max_position_embeddings=128)
+    run = subprocess.run([sys.executable, "-m", "deltaserve_core.cli", "calibrate", "--host", "vllm", "--model",
+                          str(model), "--store", str(tmp_path / "profiles"), "--max-decode", "8", "--max-ft", "64",
+                          "--no-progress"],
+                         env=dict(os.environ, OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1"),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "profile saved to" in run.stdout
+    served = [ln for ln in run.stdout.splitlines() if "--additional-config" in ln]
+    assert len(served) == 1 and str(model) in served[0] and "--dtype float32" in served[0], run.stdout[-2000:]
 
 
 def _cuda() -> bool:

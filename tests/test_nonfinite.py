@@ -176,7 +176,6 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co._host_work = {}
     co._host_work_since = {}
     co._step_ids, co._step_tokens = [], 0
-    co._adapter_version = 0
     co.job = SimpleNamespace(adapter_name="bot", checkpoint=SimpleNamespace(every_steps=0, keep=3,
                                                                         dir=tempfile.mkdtemp(prefix="nonfinite-")),
                              publish=SimpleNamespace(policy="never", every_steps=0))

@@ -225,6 +225,11 @@ def _serve_flow(workdir: Path, host: str, prompts: list[object], ready_timeout: 
                                                                  "model": f"job-{host}"})
         assert status == 200 and body["model"].startswith(f"job-{host}@v"), body
         assert int(body["model"].rsplit("@v", 1)[1]) >= int(name.rsplit("@v", 1)[1]), (body["model"], name)
+        # ... and so does its @latest alias, listed with the versions
+        assert f"job-{host}@latest" in [m["id"] for m in _http("GET", f"{base}/v1/models")[1]["data"]]
+        status, latest = _http("POST", f"{base}/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3,
+                                                                   "model": f"job-{host}@latest"})
+        assert status == 200 and int(latest["model"].rsplit("@v", 1)[1]) >= int(body["model"].rsplit("@v", 1)[1])
 
         _assert_metrics(base, f"job-{host}")
 

@@ -46,9 +46,10 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(job: Path, tiny_model: Path, calibrated: None) -> Iterator[dict]:  # noqa: F811
+def server(job: Path, tiny_model: Path, calibrated: list[str]) -> Iterator[dict]:  # noqa: F811
+    # the server line calibration prints (as an operator copies it), with the jobs routes switched on
     env = dict(_env(job.parent), VLLM_PLUGINS="deltaserve,deltaserve_jobs")
-    info = _start(job, tiny_model, env, "server.log", "--api-key", API_KEY)
+    info = _start(job, tiny_model, calibrated, env, "server.log", "--api-key", API_KEY)
     yield info
     _stop(info["proc"])
 

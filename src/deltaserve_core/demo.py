@@ -180,7 +180,6 @@ def run_demo(args: argparse.Namespace) -> int:
         summary: dict[str, Any] = {"host": args.host, "model": str(model_dir), "wall_s": wall, "finetune": stats,
                                    "inference": _attainment(outputs, job.slo.ttft_s, job.slo.tpot_s),
                                    "slo": {"ttft_s": job.slo.ttft_s, "tpot_s": job.slo.tpot_s}}
-        summary["finetune"]["finetune_tokens_per_s"] = stats["trained_tokens"] / wall
         if not args.no_verify:
             plain = _serve(host, [(0.0, o) for _, o in schedule], None)
             same = sum(plain[r.request_id].token_ids == outputs[r.request_id].token_ids for _, r in schedule)
@@ -190,7 +189,8 @@ def run_demo(args: argparse.Namespace) -> int:
         host.shutdown()
     inf, ft = summary["inference"], summary["finetune"]
     print(f"[demo] fine-tuning: {ft['optimizer_steps']} optimizer steps, {ft['trained_tokens']} tokens trained "
-          f"({ft['finetune_tokens_per_s']:.1f} tok/s), loss {ft['first_loss']} -> {ft['last_loss']}, "
+          f"({ft['finetune_tokens_per_s']:.1f} trained tok/s since start), loss {ft['first_loss']} -> "
+          f"{ft['last_loss']}, "
           f"{ft['finetune_only_steps']} fine-tuning-only steps, {ft['aborted_samples']} samples aborted")
     print(f"[demo] inference: {inf['requests']} requests, SLO attainment {inf['slo_attainment'] * 100:.1f}% "
           f"(TTFT {inf['ttft_attainment'] * 100:.1f}%, TPOT {inf['tpot_attainment'] * 100:.1f}%), "

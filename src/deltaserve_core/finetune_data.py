@@ -1150,6 +1150,14 @@ class FinetunePool:
             "fraction": completed / total, "tokens_completed": self._tokens_completed,
         }
 
+    def progress_line(self) -> str:
+        """:meth:`progress` for a log line: ``epoch 1/2, 120/1998 samples done (6.0%), 3 in flight``."""
+        p = self.progress()
+        done = f"{p['samples_completed']}/{p['samples_total']} samples done ({p['fraction'] * 100:.1f}%)"
+        if p["finished"]:
+            return f"all {p['epochs']} epoch(s) done, {done}"
+        return f"epoch {min(p['epoch'] + 1, p['epochs'])}/{p['epochs']}, {done}, {p['in_flight']} in flight"
+
     # -- checkpointing -----------------------------------------------------------------------------------------
 
     def fingerprint(self) -> str:

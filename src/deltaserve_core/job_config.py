@@ -41,12 +41,15 @@ from pydantic.fields import FieldInfo
 
 from .lora_spec import LoraConfigSpec
 
-__all__ = ["JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "job_config_from_mapping",
-           "load_job_config"]
+__all__ = ["LATEST_SUFFIX", "JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec",
+           "job_config_from_mapping", "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
 #: ``dataset:`` value naming the Alpaca demo set (999 records), fetched once from the llamafactory sdist on PyPI.
 BUILTIN_DEMO_DATASET = "builtin:alpaca-demo"
+#: ``<adapter_name>@latest``: the model name that serves the newest published version, whichever step it is (both
+#: servers; an adapter name cannot hold '@', so it never collides with a job's own name)
+LATEST_SUFFIX = "@latest"
 
 
 class JobConfigError(ValueError):

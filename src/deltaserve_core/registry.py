@@ -44,7 +44,10 @@ class HostSpec:
     distributions whose presence means the engine is installed (the first one found gives the version);
     ``supported`` is the PEP 440 range the adapter is tested against. ``stock`` is ``"module:callable"`` of the
     engine run as shipped, without DeltaServe (the bench's ``stock`` systems; see ``deltaserve_vllm.stock.run_stock``
-    for the signature), or empty where the host has none.
+    for the signature), or empty where the host has none. ``operator_command`` is ``"module:callable"`` of a
+    function ``(HostConfig, job_path) -> str``: the engine's own server command line with DeltaServe switched on,
+    under the settings ``HostConfig`` describes (``deltaserve calibrate`` prints it), or empty where the engine
+    has no server DeltaServe attaches to.
     """
 
     name: str
@@ -56,6 +59,7 @@ class HostSpec:
     notes: str = ""
     static_capabilities: dict[str, object] = field(default_factory=dict)
     stock: str = ""
+    operator_command: str = ""
 
     def engine_version(self) -> str | None:
         if not self.engine_distributions:
@@ -92,6 +96,12 @@ class HostSpec:
             raise HostUnavailableError(f"host {self.name!r} has no stock engine to compare with (the stock systems "
                                        "run an engine as shipped, without DeltaServe)")
         return self._load(self.stock)
+
+    def load_operator_command(self) -> Callable[..., str]:
+        """The ``operator_command`` function; raises ``HostUnavailableError`` where the host has none."""
+        if not self.operator_command:
+            raise HostUnavailableError(f"host {self.name!r} has no server of its own to start with DeltaServe")
+        return self._load(self.operator_command)
 
     def _load(self, target: str) -> Callable[..., object]:  # type: ignore[type-arg]
         problem = self.version_problem()

@@ -386,13 +386,17 @@ class _Frontend:
         self.model_name = model_name
         self.base_names = {model_name}
         self.adapter_name = adapter_name
+        from .job_config import LATEST_SUFFIX
+
+        self.latest_alias = adapter_name + LATEST_SUFFIX
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_ids = eos_ids
         self.started = int(time.time())
 
     def models(self) -> dict[str, Any]:
-        names = [self.model_name] + list(self.loop.published)
+        published = list(self.loop.published)
+        names = [self.model_name] + published + ([self.latest_alias] if published else [])
         data = [{"id": n, "object": "model", "created": self.started, "owned_by": "deltaserve",
                  "root": self.model_name, "parent": None if i == 0 else self.model_name}
                 for i, n in enumerate(names)]
@@ -408,8 +412,8 @@ class _Frontend:
         published = self.loop.published
         if model in published:
             return model
-        if model == self.adapter_name:  # the job's adapter without a version: its newest published version
-            latest = [p for p in published if p.split("@", 1)[0] == model]
+        if model in (self.adapter_name, self.latest_alias):  # the job's newest published version
+            latest = [p for p in published if p.split("@", 1)[0] == self.adapter_name]
             if latest:
                 return latest[-1]
             raise _HttpError(404, f"adapter {model!r} has not been published yet; see GET /deltaserve/status",

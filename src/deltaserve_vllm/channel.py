@@ -24,13 +24,15 @@ from typing import Any
 from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
 from deltaserve_core.types import ExecutionMode, FineTuneSample, StepRecord
 
-__all__ = ["CONFIG_KEY", "SERVE_KEY", "Channel", "StepPlan", "StepTiming", "close_channel", "get_channel",
-           "open_channel"]
+__all__ = ["CONFIG_KEY", "SERVE_KEY", "SETTINGS_KEY", "Channel", "StepPlan", "StepTiming", "close_channel",
+           "get_channel", "open_channel"]
 
 #: key of ``VllmConfig.additional_config`` that carries the channel key.
 CONFIG_KEY = "deltaserve_channel"
 #: the channel key of an engine started by ``vllm serve`` with DeltaServe enabled (one engine per process).
 SERVE_KEY = "serve"
+#: key of ``--additional-config`` that enables DeltaServe: ``{"deltaserve": {"job": "job.yaml"}}``.
+SETTINGS_KEY = "deltaserve"
 
 
 @dataclass

@@ -5,9 +5,12 @@ by the EngineCore process. Clients must reach those versions by name without the
 runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which also opens the unauthenticated
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` endpoints). So this module, in the API server process:
 
-- makes a published version servable when a client names it, by adding it to the API server's adapter table
-  through the engine client (an in-process call, the same one vLLM's resolvers end in) -- only names of the form
-  ``<adapter>@v<step>`` whose folder DeltaServe wrote, looked up in DeltaServe's own publish folder;
+- makes every published version servable and listed in ``/v1/models`` as soon as its folder is written, by
+  adding it to the API server's adapter table through the engine client (an in-process call, the same one vLLM's
+  resolvers end in) -- only names of the form ``<adapter>@v<step>`` whose folder DeltaServe wrote, looked up in
+  DeltaServe's own publish folder when a client lists the models or names a version;
+- serves ``<adapter>@latest``, an alias of the newest published version (looked up again on every request and
+  listing, so it moves with each publication), and lists it once there is a version;
 - forgets versions DeltaServe retired (``checkpoint.keep``) in that table, so new requests for them are refused
   (the engine's LRU evicts their weights; removing them at once could fail a request still running on one);
 - when the operator did turn runtime loading on for their own adapters, refuses every client load or unload that
@@ -18,8 +21,8 @@ runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which also opens the
 A refused load and a failed load answer alike (400, one message naming only the client's adapter name), so the
 endpoint cannot be used to learn which server paths exist; the real cause goes to the server log.
 
-:func:`install` patches vLLM's ``OpenAIServingModels.load_lora_adapter`` / ``unload_lora_adapter`` and the
-servings' ``_check_model``; the record is in docs/vllm-adapter.md.
+:func:`install` patches vLLM's ``OpenAIServingModels.load_lora_adapter`` / ``unload_lora_adapter`` /
+``show_available_models`` and the servings' ``_check_model``; the record is in docs/vllm-adapter.md.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+from deltaserve_core.job_config import LATEST_SUFFIX
 
 __all__ = ["AdapterNamespace", "install", "installed_namespace"]
 
@@ -78,12 +82,25 @@ class AdapterNamespace:
             return True  # unresolvable (NUL byte, loop): not ours to prove safe
         return any(real == root or root in real.parents for root in (self.checkpoint_dir, self.publish_dir))
 
+    @property
+    def latest_alias(self) -> str:
+        return self.adapter_name + LATEST_SUFFIX
+
     def published_folder(self, name: Any) -> Path | None:
         """The folder of published version ``name`` (exact spelling only), or None if DeltaServe has none."""
         if not isinstance(name, str) or not self._published.fullmatch(name):
             return None
         folder = self.publish_dir / name
         return folder if _servable(folder) else None
+
+    def published_versions(self) -> list[str]:
+        """Names of the servable published versions, oldest step first."""
+        try:
+            names = [p.name for p in self.publish_dir.iterdir() if self._published.fullmatch(p.name)]
+        except OSError:  # not written yet (nothing published) or unreadable: nothing to serve
+            return []
+        names = [n for n in names if _servable(self.publish_dir / n)]
+        return sorted(names, key=lambda n: int(n.rsplit("@v", 1)[1]))
 
 
 def _servable(folder: Path) -> bool:
@@ -105,6 +122,7 @@ def install(namespace: AdapterNamespace) -> None:
 
     _wrap(OpenAIServingModels, "load_lora_adapter", _guarded_load)
     _wrap(OpenAIServingModels, "unload_lora_adapter", _guarded_unload)
+    _wrap(OpenAIServingModels, "show_available_models", _listing_published)
     from vllm.entrypoints.serve.engine.serving import BaseServing
 
     _wrap(BaseServing, "_check_model", _serving_published)
@@ -184,10 +202,35 @@ def _serving_published(original: Any) -> Any:
         models = getattr(self, "models", None)
         if ns is not None and hasattr(models, "lora_requests") and hasattr(models, "engine_client"):
             await _forget_pruned(models, ns)
-            await _admit_published(models, ns, getattr(request, "model", None))
+            name = getattr(request, "model", None)
+            if name == ns.latest_alias:
+                await _point_latest(models, ns)
+            else:
+                await _admit_published(models, ns, name)
         return await original(self, request)
 
     return _check_model
+
+
+def _listing_published(original: Any) -> Any:
+    async def show_available_models(self: Any) -> Any:
+        ns = installed_namespace()
+        if ns is None:
+            return await original(self)
+        await _forget_pruned(self, ns)
+        for name in ns.published_versions():
+            await _admit_published(self, ns, name)
+        alias = await _point_latest(self, ns)
+        listing = await original(self)
+        if alias is not None:
+            # vLLM names each card after its LoRARequest, so the alias's entry came out as a second card of the
+            # version it points at: that second one is the alias's.
+            dup = [i for i, card in enumerate(listing.data) if card.id == alias.lora_name]
+            if len(dup) > 1:
+                listing.data[dup[-1]] = listing.data[dup[-1]].model_copy(update={"id": ns.latest_alias})
+        return listing
+
+    return show_available_models
 
 
 async def _forget_pruned(models: Any, ns: AdapterNamespace) -> None:
@@ -219,3 +262,19 @@ async def _admit_published(models: Any, ns: AdapterNamespace, name: Any) -> None
             return
         models.lora_requests[name] = req
         log.info("serving published adapter %s", name)
+
+
+async def _point_latest(models: Any, ns: AdapterNamespace) -> Any:
+    """Point ``<adapter>@latest`` at the newest published version (admitting it first); returns its LoRARequest,
+    or None (and no alias) while nothing is published.
+
+    The alias's table entry is the version's own LoRARequest: vLLM serves a request by the entry its ``model``
+    names, and answers with the LoRARequest's name, so a client sees which version served it."""
+    versions = ns.published_versions()
+    for name in reversed(versions):  # the newest that loads; a failed load was logged by _admit_published
+        await _admit_published(models, ns, name)
+        if name in models.lora_requests:
+            models.lora_requests[ns.latest_alias] = models.lora_requests[name]
+            return models.lora_requests[name]
+    models.lora_requests.pop(ns.latest_alias, None)
+    return None

@@ -84,8 +84,7 @@ def configure_engine_args(args: Any) -> bool:
 
     Returns whether DeltaServe is enabled. Raises ``ValueError`` (a setting DeltaServe cannot run with, a bad job
     config) or ``RuntimeError`` (an unsupported vLLM) before the engine starts."""
-    from .channel import CONFIG_KEY, SERVE_KEY
-    from .serving import SETTINGS_KEY
+    from .channel import CONFIG_KEY, SERVE_KEY, SETTINGS_KEY
 
     extra = args.additional_config
     if not isinstance(extra, dict) or SETTINGS_KEY not in extra:

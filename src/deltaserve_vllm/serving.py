@@ -36,7 +36,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.job_config import JobConfig
 from deltaserve_core.types import ProfileShape, StepRecord
 
-from .channel import SERVE_KEY, Channel, get_channel
+from .channel import SERVE_KEY, SETTINGS_KEY, Channel, get_channel
 from .channel_hooks import ChannelHooks
 from .graphs import GraphSizes
 from .versions import check_supported_vllm
@@ -54,8 +54,6 @@ __all__ = [
 
 log = logging.getLogger("deltaserve.vllm")
 
-#: key of ``--additional-config`` that enables DeltaServe: ``{"deltaserve": {"job": "job.yaml"}}``.
-SETTINGS_KEY = "deltaserve"
 #: LoRA id of the reserved adapter under ``vllm serve``. The API server numbers the adapters it loads from 1 up,
 #: so the reserved adapter takes an id it never reaches (vLLM ids are positive int32).
 SERVE_FINETUNE_LORA_ID = 2**31 - 2

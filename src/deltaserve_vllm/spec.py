@@ -15,5 +15,6 @@ SPEC = HostSpec(
     # The registry's coarse gate; the adapter then insists on the exact tested builds (versions.py).
     supported=">=0.26.0,<0.33",
     stock="deltaserve_vllm.stock:run_stock",
+    operator_command="deltaserve_vllm.launch:operator_command",
     notes="in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor); eager on CPU; sync scheduler",
 )

@@ -263,8 +263,9 @@ def _start(state: SimpleNamespace, log_name: str) -> _Server:
 
 
 def _trained_steps(server: _Server) -> int:
-    # the core's progress line: "fine-tuning: step N, loss ..."
-    steps = [int(line.split("fine-tuning: step ", 1)[1].split(",", 1)[0]) for _, line in server.lines
+    # the core's progress line: "fine-tuning: step N (M this run), loss ...", N the adapter's step (a resumed job
+    # continues it), M this process's optimizer steps
+    steps = [int(line.split("fine-tuning: step ", 1)[1].split()[0].rstrip(",")) for _, line in server.lines
              if "fine-tuning: step " in line]
     return max(steps, default=0)
 
@@ -330,7 +331,7 @@ def test_ctrl_c_after_a_restart_resumes_and_writes_a_newer_checkpoint(served: Si
     assert before, "runs after the SIGTERM test"
     server = _start(served, "restart.log")
     assert "resumed fine-tuning from checkpoint" in server.text(), server.text()[-4000:]
-    _wait_trained(server, 0)  # the progress line counts this run's optimizer steps
+    _wait_trained(server, before[-1])  # the adapter's step: past the checkpoint this run resumed from
     os.killpg(server.proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: every process of the group gets it
     stopped_s = server.wait_exit(120)
     out = server.text()

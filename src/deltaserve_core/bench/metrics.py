@@ -44,6 +44,7 @@ __all__ = [
     "honest_harvest",
     "percentile",
     "request_row",
+    "result_paths",
     "rolling_attainment",
     "summarize",
     "tight_slo",
@@ -323,6 +324,14 @@ def step_row(system: str, s: StepSample) -> dict[str, Any]:
             "ft_tokens": s.ft_tokens, "ft_reason": s.reason}
 
 
+def result_paths(out_dir: str | os.PathLike[str], stem: str) -> dict[str, Path]:
+    """Every file a run named ``stem`` may write in ``out_dir`` (the plot included), by kind."""
+    d = Path(out_dir)
+    return {"json": d / f"{stem}.json", "summary_csv": d / f"{stem}_summary.csv",
+            "requests_csv": d / f"{stem}_requests.csv", "steps_csv": d / f"{stem}_steps.csv",
+            "png": d / f"{stem}.png"}
+
+
 def write_results(out_dir: str | os.PathLike[str], stem: str, result: dict[str, Any],
                   request_rows: Sequence[dict[str, Any]],
                   step_rows: Sequence[dict[str, Any]] = ()) -> dict[str, Path]:
@@ -330,10 +339,10 @@ def write_results(out_dir: str | os.PathLike[str], stem: str, result: dict[str, 
     ``<stem>_steps.csv`` (one row per executed step, with admission's prediction where it priced the step)."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": d / f"{stem}.json", "summary_csv": d / f"{stem}_summary.csv",
-             "requests_csv": d / f"{stem}_requests.csv"}
-    if step_rows:
-        paths["steps_csv"] = d / f"{stem}_steps.csv"
+    paths = result_paths(d, stem)
+    del paths["png"]  # the runner draws it
+    if not step_rows:
+        del paths["steps_csv"]
     tmp = paths["json"].with_suffix(".tmp")
     tmp.write_text(json.dumps(_clean(result), indent=1, default=str))
     os.replace(tmp, paths["json"])

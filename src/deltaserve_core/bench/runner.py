@@ -42,6 +42,7 @@ from .metrics import (
     SystemRun,
     headline,
     request_row,
+    result_paths,
     saturation_summary,
     step_row,
     summarize,
@@ -50,13 +51,16 @@ from .metrics import (
     write_results,
 )
 
-__all__ = ["SLO_REGIMES", "BenchConfig", "add_bench_arguments", "auto_slo", "expand_systems", "regime_slo", "replay",
-           "run_bench", "run_bench_cli"]
+__all__ = ["DEFAULT_OUT_DIR", "SLO_REGIMES", "BenchConfig", "add_bench_arguments", "auto_slo", "default_stem",
+           "expand_systems", "regime_slo", "replay", "run_bench", "run_bench_cli"]
 
 log = logging.getLogger("deltaserve.bench")
 
 
 SLO_REGIMES = ("auto", "paper", "tight")
+#: where a run writes without --out: under the working directory, never the repository's committed results
+#: (benchmarks/results/, regenerated only on purpose, with --out)
+DEFAULT_OUT_DIR = "deltaserve-bench-results"
 #: The paper's SLOs (A100, 8B model).
 PAPER_TTFT_S, PAPER_TPOT_S = 0.4, 0.12
 
@@ -104,8 +108,10 @@ class BenchConfig:
     trace_time_unit: str | None = None
     trace_start_s: float = 0.0
     trace_skip_bad: bool = False
-    out_dir: str = "benchmarks/results/bench"
+    out_dir: str = DEFAULT_OUT_DIR
     stem: str | None = None
+    #: replace files an earlier run of the same stem left in out_dir (False: refuse before anything starts)
+    overwrite: bool = False
     progress: bool = True
     plots: bool = True
     drain_timeout_s: float = 600.0
@@ -406,6 +412,15 @@ class _Progress:
 # ------------------------------------------------------------------------------------------------ run
 
 
+def default_stem(cfg: BenchConfig) -> str:
+    """The file stem of ``cfg``'s results: ``--name``, else ``bench_<host>_<model>_<trace>`` (a trace file by its
+    own stem, as the trace is named in the results)."""
+    from .traces import TRACE_NAMES
+
+    trace = cfg.trace if cfg.trace in TRACE_NAMES else Path(cfg.trace).stem
+    return cfg.stem or f"bench_{cfg.host}_{Path(cfg.model).name}_{trace}"
+
+
 def _trace_file(cfg: BenchConfig) -> Any:
     """The trace file, read and validated in full (None for a generated trace): before any host starts, so a bad
     file costs seconds, not a host start-up and a calibration."""
@@ -431,6 +446,12 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     ``latency_model`` (fitted) skips calibration (tests); ``lengths`` a :class:`~.lengths.LengthTable` replaces
     ``cfg.lengths``."""
     tfile = _trace_file(cfg)  # first: nothing below may start before the file is known good
+    stem = default_stem(cfg)
+    if not cfg.overwrite:
+        taken = [str(p) for p in result_paths(cfg.out_dir, stem).values() if p.exists()]
+        if taken:
+            raise ValueError(f"{cfg.out_dir} already holds this run's results ({', '.join(taken)}); pass "
+                             "--force to overwrite them, or --name NAME / --out DIR to write elsewhere")
     from ..registry import create_host, get_host_spec
 
     run_stock = get_host_spec(cfg.host).load_stock() if any(family(s) in STOCK for s in cfg.instances) else None
@@ -565,7 +586,6 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
             return [ClientRequest(f"{tag}-sat-{i}", (first,) + p[1:], max(1, ol), ignore_eos=True)
                     for i, (p, (_, ol)) in enumerate(zip(sat_prompts, sat_shapes))]
 
-        stem = cfg.stem or f"bench_{cfg.host}_{Path(cfg.model).name}_{trace.name}"
         print(f"[bench] {cfg.host} / {model_dir.name} on {cfg.device}: trace {trace.name}, {len(trace)} requests "
               f"over {trace.duration_s:.0f} s (scale {scale:.4g}"
               + (f", capacity ~{capacity:.2f} req/s" if capacity else "") + "), SLO "
@@ -1099,8 +1119,11 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stock-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="a stock system's engine (start-up with compilation included) counts as failed after this "
                         "long; the other systems' results are kept (default 900)")
-    p.add_argument("--out", default="benchmarks/results/bench", help="output folder")
+    p.add_argument("--out", default=None,
+                   help=f"output folder (default ./{DEFAULT_OUT_DIR}; files of the same name there are replaced "
+                        "only with --force, in a folder given here always)")
     p.add_argument("--name", default=None, help="file stem (default bench_<host>_<model>_<trace>)")
+    p.add_argument("--force", action="store_true", help="replace results of the same name in the default folder")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-plot", action="store_true")
 
@@ -1141,7 +1164,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                        max_batch_tokens=args.max_batch_tokens, max_running_requests=args.max_running,
                        host_options=opts, split_inference_share=args.split_share,
                        split_ft_device=args.split_ft_device, split_mps_percentage=args.split_mps_percentage,
-                       saturation_requests=args.saturation, stock_timeout_s=args.stock_timeout, out_dir=args.out, stem=args.name, progress=not args.no_progress, plots=not args.no_plot)
+                       saturation_requests=args.saturation, stock_timeout_s=args.stock_timeout, out_dir=args.out or DEFAULT_OUT_DIR, stem=args.name,
+                       overwrite=args.force or args.out is not None, progress=not args.no_progress,
+                       plots=not args.no_plot)
 
 
 def format_table(result: dict[str, Any]) -> str:
