@@ -168,7 +168,6 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co = object.__new__(CoServer)
     completed: list[int] = []
     co.pool = SimpleNamespace(complete=completed.extend, state_dict=lambda: {}, finished=False)
-    co._finish_announced = False
     co.stats = CoServeStats()
     co.nonfinite_pause_after = pause_after
     co._nonfinite_streak = 0

@@ -274,7 +274,6 @@ class CoServer:
         self._recovering: threading.Thread | None = None
         self._pending_reports: deque[BackwardReport] = deque()
         self._last_log = time.monotonic()
-        self._finish_announced = False
         self._last_log_tokens = 0
         self._published_step = -1
         self._pending_ids: list[int] = []
@@ -718,9 +717,8 @@ class CoServer:
             self._step_losses[rep.step] = rep.loss
             self.events.add("info", f"step {rep.step}: loss {_fmt_loss(rep.loss)}", type="metrics",
                             data={"step": rep.step, "train_loss": rep.loss, "tokens": rep.tokens})
-            if self.pool.finished and not self._finish_announced:
+            if self.pool.finished and self._finished_at is None:
                 # progress lines follow steps, so none comes after the last one: say that the job is done
-                self._finish_announced = True
                 self._finished_at = int(time.time())
                 self.events.add("info", f"fine-tuning finished: {self.job.epochs} epoch(s) trained, adapter at step "
                                 f"{rep.step}")
@@ -1106,7 +1104,7 @@ class CoServer:
             return "validating_files"
         if self._operator_paused or self.stats.paused_reason or self.stats.training_paused:
             return "paused"
-        if self._finish_announced and self.finished:
+        if self._finished_at is not None and self.finished:
             return "succeeded"
         return "running"
 
