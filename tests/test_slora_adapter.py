@@ -163,17 +163,17 @@ def test_patch_record_matches_the_installer_and_the_doc() -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_wrap":
             arg = node.args[2]
-            assert isinstance(arg, ast.Attribute) and arg.attr == "name"
-            wrapped.append(arg.value.slice.value)  # PATCHES[i].name
+            assert isinstance(arg, ast.Attribute) and arg.attr == "target"
+            wrapped.append(arg.value.slice.value)  # PATCHES[i].target
     assert sorted(wrapped) == list(range(len(PATCHES)))
     for node in ast.walk(tree):  # the attribute wrapped is the method the record names
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_wrap":
             attr = node.args[1].value
-            assert PATCHES[node.args[2].value.slice.value].name.endswith("." + attr)
+            assert PATCHES[node.args[2].value.slice.value].target.endswith("." + attr)
     doc = (ROOT / "docs" / "slora-adapter.md").read_text()
     in_doc = set(re.findall(r"`(slora\.[\w.]+)`", doc))
-    assert {p.name for p in PATCHES} <= in_doc
-    assert all(p.scope in ("instance", "class", "module") and p.why and p.breaks_if for p in PATCHES)
+    assert {p.target for p in PATCHES} <= in_doc
+    assert all(p.how in ("instance", "class", "module") and p.why and p.breaks_if for p in PATCHES)
     assert all(p.applies in ("router", "operator") for p in PATCHES)
 
 
@@ -339,7 +339,7 @@ def test_operator_wraps_are_recorded_and_restored() -> None:
     )
 
     operator = [p for p in PATCHES if p.applies == "operator"]
-    assert [p.name for p in operator] == ["slora.server.api_server.start_router_process",
+    assert [p.target for p in operator] == ["slora.server.api_server.start_router_process",
                                           "slora.server.router.manager.RouterManager.wait_to_model_ready",
                                           "slora.server.router.manager.RouterManager.loop_for_fwd",
                                           "slora.server.router.manager.RouterManager.add_req"]
@@ -351,7 +351,7 @@ def test_operator_wraps_are_recorded_and_restored() -> None:
 
     api_server = types.ModuleType("api_server")
     api_server.start_router_process = stock  # type: ignore[attr-defined]
-    assert install_server_entry(api_server, entry) == [operator[0].name]
+    assert install_server_entry(api_server, entry) == [operator[0].target]
     assert api_server.start_router_process is entry
     uninstall_operator()
     assert api_server.start_router_process is stock

@@ -53,7 +53,7 @@ def host(tiny_model: Path, tiny_adapter: Path):
 def test_every_recorded_patch_is_applied(host) -> None:
     from deltaserve_slora.patches import ROUTER_PATCHES
 
-    assert host.installed == [p.name for p in ROUTER_PATCHES]  # the operator path's are checked below
+    assert host.installed == [p.target for p in ROUTER_PATCHES]  # the operator path's are checked below
 
 
 def _reqs(tag: str, adapter: str | None, n: int = 4, seed: int = 0):
@@ -287,7 +287,7 @@ def test_operator_path_outputs_equal_stock_server_and_fine_tuning_progresses(ope
     log = s["log"].read_text()
     assert "DeltaServe co-serving started in S-LoRA's router process" in log, log[-4000:]
     applied = log.split("patches applied", 1)[1].splitlines()[0]
-    assert all(p.name in applied for p in PATCHES), applied
+    assert all(p.target in applied for p in PATCHES), applied
 
     deadline = time.monotonic() + 60
     while not any(s["ckpt"].glob("checkpoint-*/adapter_config.json")):

@@ -277,9 +277,9 @@ def test_client_loads_cannot_touch_deltaserve_adapters(server: dict, tiny_adapte
         {"lora_name": f"served@v{version + 1}", "lora_path": client},
         {"lora_name": f"SERVED@v{version + 100}", "lora_path": client},
         {"lora_name": "mine", "lora_path": str(ckpt / "published" / name)},
-        {"lora_name": "mine", "lora_path": str(ckpt / ".serve-finetune-adapter")},
+        {"lora_name": "mine", "lora_path": str(ckpt / ".serve-vllm")},
         {"lora_name": "mine", "lora_path": str(ckpt / "checkpoint-00000001")},
-        {"lora_name": "mine", "lora_path": str(ckpt / "published" / ".." / ".serve-finetune-adapter")},
+        {"lora_name": "mine", "lora_path": str(ckpt / "published" / ".." / ".serve-vllm")},
         # path probes outside DeltaServe's folders: a missing folder and a file answer the same
         {"lora_name": "probe", "lora_path": "/nonexistent/adapter"},
         {"lora_name": "probe", "lora_path": "/etc/hostname"},

@@ -186,7 +186,14 @@ def save_checkpoint(directory: str | os.PathLike[str], adapter_state: LoraAdapte
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        # out of sight in one rename before the slow delete: a reader (a resume, a copy) never sees a checkpoint
+        # folder half deleted, which would look like a damaged one
+        trash = root / f".old-{old.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.replace(old, trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
     for stale in root.glob(".tmp-checkpoint-*"):  # leftovers of writers that crashed
         if f"-{os.getpid()}-" not in stale.name:
             shutil.rmtree(stale, ignore_errors=True)

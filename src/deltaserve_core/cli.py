@@ -19,6 +19,10 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hostkit import PatchRecord
 
 __all__ = ["main", "version_report"]
 
@@ -78,7 +82,25 @@ def _cmd_hosts(args: argparse.Namespace) -> int:
             print(f"{'':<12} capabilities: " + ", ".join(f"{k}={v}" for k, v in spec.static_capabilities.items()))
         if args.capabilities and spec.notes:
             print(f"{'':<12} {spec.notes}")
+        if args.patches:
+            _print_patches(spec.patch_records())
     return 0
+
+
+def _print_patches(records: Sequence[PatchRecord]) -> None:
+    import textwrap
+
+    if not records:
+        print(f"{'':<12} patches: none")
+        return
+    print(f"{'':<12} patches ({len(records)}):")
+    for r in records:
+        print(f"{'':<14}- {r.target}  [{r.applies}]")
+        for label, text in (("how", r.how), ("why", r.why), ("upstream", r.upstream), ("remove when", r.remove_when),
+                            ("breaks if", r.breaks_if)):
+            if text:
+                print(textwrap.fill(text, width=118, initial_indent=f"{'':<16}{label}: ",
+                                    subsequent_indent=" " * 18))
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -142,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("hosts", help="list installed hosts and how to install missing engines")
     p.add_argument("--capabilities", action="store_true", help="also print each host's notes")
+    p.add_argument("--patches", action="store_true",
+                   help="also print every run-time patch each adapter applies to its engine: why, how, upstream "
+                        "status, when it can go")
     p.set_defaults(func=_cmd_hosts)
 
     p = sub.add_parser("conformance", help="run the host contract suite against HOST")

@@ -50,6 +50,7 @@ from .checkpoint import check_writable_dir
 from .cleanup import clean_stale_files
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
+from .hostkit import publish_dir
 from .job_config import JobConfig
 from .job_control import EventLog, JobCallError, job_id
 from .latency_model import Equation, LatencyModel
@@ -175,10 +176,7 @@ def delete_retired(root: Path, grace_s: float = RETIRED_GRACE_S) -> list[Path]:
     return gone
 
 
-def published_dir(job: JobConfig) -> Path:
-    """Where a job's published versions are kept (``<adapter>@v<step>`` folders): durable across restarts, pruned
-    to ``checkpoint.keep``. Under ``vllm serve`` the API server serves them from here by name."""
-    return Path(job.checkpoint.dir) / "published"
+published_dir = publish_dir  # the name callers of the core used before the host kit
 
 
 class CoServer:

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .admission import AdmissionReason
+from .hostkit import parse_published_name
 from .types import ExecutionMode, StepRecord
 
 if TYPE_CHECKING:
@@ -234,8 +235,8 @@ class JobMetrics:
 
 
 def _published_version(published: list[str]) -> list[tuple[str | None, float]]:
-    tail = published[-1].rsplit("@v", 1)[-1] if published else ""
-    return [(None, float(tail))] if tail.isdigit() else []
+    parsed = parse_published_name(published[-1]) if published else None
+    return [(None, float(parsed[1]))] if parsed is not None else []
 
 
 # ---------------------------------------------------------------------------------------------- collectors

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from .driver import HostConfig, HostDriver
 from .hooks import HostHooks, validate_host
+from .hostkit import PatchRecord
 
 __all__ = ["ENTRY_POINT_GROUP", "HostSpec", "HostUnavailableError", "UnknownHostError", "available_hosts",
            "get_host_spec", "create_host"]
@@ -47,7 +48,9 @@ class HostSpec:
     for the signature), or empty where the host has none. ``operator_command`` is ``"module:callable"`` of a
     function ``(HostConfig, job_path) -> str``: the engine's own server command line with DeltaServe switched on,
     under the settings ``HostConfig`` describes (``deltaserve calibrate`` prints it), or empty where the engine
-    has no server DeltaServe attaches to.
+    has no server DeltaServe attaches to. ``patches`` is ``"module:attribute"`` of the adapter's run-time patches
+    to its engine, a sequence of :class:`~deltaserve_core.hostkit.PatchRecord` in a module that imports no engine
+    (``deltaserve hosts --patches``), or empty where the host patches nothing.
     """
 
     name: str
@@ -60,6 +63,14 @@ class HostSpec:
     static_capabilities: dict[str, object] = field(default_factory=dict)
     stock: str = ""
     operator_command: str = ""
+    patches: str = ""
+
+    def patch_records(self) -> tuple[PatchRecord, ...]:
+        """The adapter's patch records (empty when it patches nothing)."""
+        if not self.patches:
+            return ()
+        module, _, attr = self.patches.partition(":")
+        return tuple(getattr(importlib.import_module(module), attr))
 
     def engine_version(self) -> str | None:
         if not self.engine_distributions:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
+from deltaserve_core import hostkit
 from deltaserve_core.types import (
     ExecutionMode,
     FineTuneSample,
@@ -48,38 +48,22 @@ PROFILE_RID_PREFIX = "__deltaserve_profile__"
 
 
 @dataclass
-class StepPlan:
-    step_id: int
-    samples: dict[str, FineTuneSample]  # SGLang rid of each injected row -> its sample
-    synthetic: bool
-    prefill_lengths: tuple[int, ...]
-    num_decode: int
-    kv_tokens: int
-    refused: tuple[int, ...] = ()
+class StepPlan(hostkit.StepPlan):
     #: the step a profile run measures (its record is the profile record); the run's other steps are synthetic too
     profiled: bool = False
-    start: float = 0.0
-    duration: float = 0.0
-    ran: bool = False
 
 
 @dataclass
-class Binding:
+class Binding(hostkit.HookSlots):
     """DeltaServe's state on one SGLang scheduler. Set by the host; read by the hooks."""
 
-    interceptor: ScheduleInterceptor | None = None
-    activation_sink: ActivationSink | None = None
-    step_sink: StepSink | None = None
     #: lora_id (SGLang's LoRA registry key) of the reserved fine-tuning adapter.
     finetune_lora_id: str | None = None
     #: client rid -> (arrival time, SLO), filled by the driver so the proposed batch carries them.
     arrivals: dict[str, tuple[float, RequestSLO | None]] = field(default_factory=dict)
-    #: rid -> (first token time, last token time, tokens seen)
-    token_times: dict[str, tuple[float, float, int]] = field(default_factory=dict)
+    token_times: hostkit.TokenClock = field(default_factory=hostkit.TokenClock)
     #: called with the client requests SGLang streams in a step (the driver collects outputs from them).
     on_stream: Callable[[Sequence[Any]], None] | None = None
-    profiling: bool = False
-    profile_samples: tuple[FineTuneSample, ...] | None = None
     profile_record: StepRecord | None = None
     idle_requested: bool = False
     last_step_executed: bool = False
@@ -91,7 +75,7 @@ class Binding:
 
     def _view(self, req: Any, prefill: int, context: int, now: float) -> ScheduledRequest:
         arrival, slo = self.arrivals.get(req.rid, (now, None))
-        first, last, _ = self.token_times.get(req.rid, (None, None, 0))
+        first, last = self.token_times.times(req.rid)
         return ScheduledRequest(request_id=req.rid, arrival_time=arrival, prefill_tokens=prefill,
                                 context_tokens=context, output_tokens=len(req.output_ids), first_token_time=first,
                                 last_token_time=last, slo=slo)
@@ -325,22 +309,13 @@ class Binding:
         client = [r for r in reqs if not str(r.rid).startswith((FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX))]
         now = time.monotonic()
         for r in client:
-            n = len(r.output_ids)
-            first, _, seen = self.token_times.get(r.rid, (None, None, 0))
-            if n > seen:
-                self.token_times[r.rid] = (first if first is not None else now, now, n)
+            self.token_times.observe(r.rid, len(r.output_ids), now)
         if self.on_stream is not None and client:
             self.on_stream(client)
         return client
 
     def _report(self, plan: StepPlan) -> None:
-        ids = tuple(s.sample_id for s in plan.samples.values())
-        record = StepRecord(step_id=plan.step_id, start_time=plan.start or time.monotonic(),
-                            duration_s=plan.duration, mode=ExecutionMode.EAGER,
-                            prefill_lengths=plan.prefill_lengths, num_decode=plan.num_decode,
-                            kv_tokens=plan.kv_tokens, finetune_sample_ids=ids,
-                            finetune_lengths=tuple(s.num_tokens for s in plan.samples.values()),
-                            aborted_sample_ids=plan.refused, synthetic=plan.synthetic)
+        record = plan.to_record()
         if plan.profiled:
             self.profile_record = record
         if self.step_sink is not None:

@@ -21,12 +21,10 @@ from __future__ import annotations
 import array
 import itertools
 import os
-import random
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
@@ -46,9 +44,9 @@ from deltaserve_core.hooks import (
     ScheduleInterceptor,
     StepSink,
 )
+from deltaserve_core.hostkit import ProfileDraw, published_name
 from deltaserve_core.types import (
     ExecutionMode,
-    FineTuneSample,
     HostCapabilities,
     ModelSpec,
     ProfileShape,
@@ -183,7 +181,7 @@ class SglangHost:
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A fresh name, folder and lora_id per version: SGLang's radix cache keys KV by lora_id, so KV computed
         # with older weights is never served under the new name.
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         self._check_rank(state)
         path = self._tmp / "published" / name.replace("/", "_")
         state.save_pretrained(path)
@@ -194,26 +192,22 @@ class SglangHost:
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         b = self._binding
-        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
-        vocab = self._hf_config.vocab_size
+        draw = ProfileDraw(shape, self._hf_config.vocab_size)
         run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
         b.profiling, b.profile_record = True, None
         try:
             decodes = []
             for i in range(shape.num_decode):
-                decodes.append(self._add(f"{run}-d{i}", [rng.randrange(3, vocab) for _ in
-                                                         range(max(1, shape.decode_context))], 2, None,
-                                        extra_key=run))
+                decodes.append(self._add(f"{run}-d{i}", draw.tokens(max(1, shape.decode_context)), 2, None,
+                                         extra_key=run))
             for _ in range(10_000):  # warm-up: prefill the decode rows' contexts (steps never reported)
                 if all(len(r.output_ids) >= 1 for r in self._reqs(decodes)) and not self._inbox:
                     break
                 self._step_once()
             for i, n in enumerate(shape.prefill_lengths):
                 # A radix-cache namespace per profile run: a repeated shape must not hit the KV of the previous one.
-                self._add(f"{run}-p{i}", [rng.randrange(3, vocab) for _ in range(n)], 1, None, extra_key=run)
-            b.profile_samples = tuple(
-                FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)), (False,) + (True,) * (n - 1))
-                for i, n in enumerate(shape.finetune_lengths))
+                self._add(f"{run}-p{i}", draw.tokens(n), 1, None, extra_key=run)
+            b.profile_samples = draw.finetune_samples()
             b.idle_requested = True
             self._step_once()
             record = b.profile_record
@@ -307,7 +301,7 @@ class SglangHost:
             result = self._live.update(req.rid, req.output_ids, now, req.finished())
             if result is not None:
                 self._binding.arrivals.pop(req.rid, None)
-                self._binding.token_times.pop(req.rid, None)
+                self._binding.token_times.forget(req.rid)
                 self._finished.append(result)
 
     def _add(self, rid: str, prompt: list[int], max_tokens: int, lora_id: str | None, *,

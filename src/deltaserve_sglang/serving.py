@@ -37,19 +37,19 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import HostConfig
+from deltaserve_core.hostkit import published_name
+from deltaserve_core.runtime import EngineRuntime
 from deltaserve_core.job_config import JobConfig
 
 from .host import SglangHost
 from .versions import check_supported_sglang
 
-__all__ = ["ENV_GRACE", "ENV_JOB", "ServeHost", "ServeRuntime", "preflight", "published_dir", "server_args_problems",
+__all__ = ["ENV_GRACE", "ENV_JOB", "ServeHost", "ServeRuntime", "preflight", "server_args_problems",
            "shutdown_grace_s", "start_serving", "extend_scheduler_exit_timeout", "stop_schedulers_first"]
 
 log = logging.getLogger("deltaserve.sglang")
@@ -181,11 +181,6 @@ def stop_schedulers_first(parent_pid: int | None) -> None:
                   "the training since the last checkpoint is lost", [p.pid for p in still], grace)
 
 
-def published_dir(job: JobConfig) -> Path:
-    """Where published adapter versions are written (beside the job's checkpoints)."""
-    return Path(job.checkpoint.dir).parent / "published"
-
-
 class ServeHost(SglangHost):
     """:class:`~deltaserve_core.hooks.HostHooks` over the scheduler of a running SGLang server."""
 
@@ -211,7 +206,7 @@ class ServeHost(SglangHost):
         # only would not be addressable: it is written to a fresh folder per version for the operator to load
         # with SGLang's /load_lora_adapter endpoint (a new name per version, so no stale KV is served under it).
         self._check_rank(state)
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         path = self._publish_root / name
         state.save_pretrained(path)
         log.info("published adapter %s at %s: POST /load_lora_adapter {\"lora_name\": %r, \"lora_path\": %r}",
@@ -219,95 +214,36 @@ class ServeHost(SglangHost):
         return name
 
 
-class ServeRuntime:
+class ServeRuntime(EngineRuntime):
     """The CoServer of one SGLang scheduler process."""
 
     def __init__(self, scheduler: Any, job_path: str) -> None:
-        from deltaserve_core.coserve import CoServer
-        from deltaserve_core.job_config import load_job_config
-
+        super().__init__(job_path, engine="sglang", grace_s=shutdown_grace_s(), where="the SGLang scheduler")
         self.scheduler = scheduler
-        self.grace_s = shutdown_grace_s()
-        self.job = load_job_config(job_path)
-        publish_root = published_dir(self.job)
-        publish_root.mkdir(parents=True, exist_ok=True)
-        self.host = ServeHost(scheduler, publish_root)
+        self.serve_host = ServeHost(scheduler, self.publish_root)
         from deltaserve_core.preflight import check_job
 
         # before the backward starts: it would otherwise die on a tensor-size mismatch or train nothing
-        check_job(self.job, self.host.config.model, max_lora_rank=self.host.config.max_lora_rank,
+        check_job(self.job, self.serve_host.config.model, max_lora_rank=self.serve_host.config.max_lora_rank,
                   how_to_raise_rank=f"or start SGLang with --max-lora-rank {self.job.lora.r}")
-        # No latency model passed: CoServer.start() loads the stored profile or calibrates this scheduler, which
-        # only works now, before SGLang's loop owns the steps.
-        # Shapes bounded by what this server admits: one request's input (SGLang aborts longer ones) and its
-        # request slots; calibration's defaults assume a long-context model.
+
+    def start(self) -> None:  # type: ignore[override]
+        scheduler, host = self.scheduler, self.serve_host
+        # Calibration in place works now, before SGLang's loop owns the steps. Shapes bounded by what this server
+        # admits: one request's input (SGLang aborts longer ones) and its request slots; calibration's defaults
+        # assume a long-context model.
         longest = int(scheduler.max_req_input_len) - 2
-        self.coserver = CoServer(self.host, self.job, calibration={
-            "progress": False, "max_prefill_tokens": min(self.host.config.max_batch_tokens, longest),
+        super().start(host, calibration={
+            "max_prefill_tokens": min(host.config.max_batch_tokens, longest),
             "max_kv": min(int(scheduler.max_total_num_tokens) // 2, longest),
             "max_decode_batch": min(64, int(scheduler.max_running_requests))})
-        self._stopped = False
-        self._stop_signalled_at: float | None = None
-        self.metrics: Any = None
-
-    def start(self) -> None:
-        from deltaserve_core.metrics import start_exporter
-
-        self.coserver.start()
-        # SGLang's --enable-metrics puts every process in prometheus_client's multiprocess mode (the folder is
-        # inherited from the launcher); the API server's /metrics serves what this process writes there
-        self.metrics = start_exporter(self.coserver)
         if self.metrics is None:
             log.info("DeltaServe: SGLang runs without --enable-metrics, so its /metrics (and DeltaServe's metrics "
                      "on it) is off")
-        self._catch_stop_signals()
-        log.info("DeltaServe co-serving started in the SGLang scheduler: dataset %s, adapter %s, checkpoints in %s",
-                 self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
-
-    def _catch_stop_signals(self) -> None:
-        """End SGLang's loop at its next iteration on SIGINT/SIGTERM, so :meth:`stop` runs after a whole step.
-
-        Python's default SIGINT raises KeyboardInterrupt wherever the loop is (mid-step, mid-admission), and the
-        default SIGTERM kills the process: either way no final checkpoint."""
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("DeltaServe runtime started off the main thread: a stop signal to the scheduler process "
-                        "will not write a final checkpoint")
-            return
-
-        def handler(signum: int, frame: Any) -> None:
-            self.begin_stop()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, handler)
-
-    def begin_stop(self) -> None:
-        """Admit no more fine-tuning and leave the loop at its next iteration (SGLang's own ``ShutdownReq`` flag).
-        Only sets flags: it runs in a signal handler."""
-        if self._stop_signalled_at is None:
-            self._stop_signalled_at = time.monotonic()
-        self.coserver.stop_admission()
-        self.scheduler.gracefully_exit = True
-
-    def stop(self) -> None:
-        """The final checkpoint, within the grace the API server waits for this process; then detach."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.coserver.stop_admission()
-        if threading.current_thread() is threading.main_thread():
-            # Ctrl-C reaches this process and the API server alike; a second one must not interrupt the save.
-            # The API server's SIGKILL after the grace still bounds the stop.
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, signal.SIG_IGN)
-        started = self._stop_signalled_at if self._stop_signalled_at is not None else time.monotonic()
-        # half of what is left: a backward batch that runs over is cancelled, and the save still fits
-        timeout = max(1.0, (self.grace_s - (time.monotonic() - started)) * 0.5)
-        try:
-            self.coserver.shutdown(timeout_s=timeout)
-        finally:
-            if self.metrics is not None:
-                self.metrics.close()
-            self.host.shutdown()
+        # the loop ends at its next iteration through SGLang's own ShutdownReq flag
+        self.on_begin_stop(lambda: setattr(self.scheduler, "gracefully_exit", True))
+        self.on_stop(host.shutdown)
+        self.catch_stop_signals(chain=False)
 
 
 def start_serving(scheduler: Any) -> ServeRuntime | None:

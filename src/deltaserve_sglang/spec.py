@@ -14,6 +14,7 @@ SPEC = HostSpec(
     engine_distributions=("sglang",),
     # The registry's coarse gate; the adapter then insists on the exact tested builds (versions.py).
     supported=">=0.5.23,<0.5.24",
+    patches="deltaserve_sglang.patch_record:PATCHES",
     notes="in-process scheduler driven step by step (driver path); CPU engine; plugin hooks also load in "
           "`sglang serve` processes",
 )

@@ -27,7 +27,6 @@ import asyncio
 import itertools
 import json
 import logging
-import random
 import shutil
 import socket
 import tempfile
@@ -52,9 +51,9 @@ from deltaserve_core.hooks import (
     ScheduleInterceptor,
     StepSink,
 )
+from deltaserve_core.hostkit import ProfileDraw, published_name
 from deltaserve_core.types import (
     ExecutionMode,
-    FineTuneSample,
     HostCapabilities,
     ModelSpec,
     ProfileShape,
@@ -261,7 +260,7 @@ class SloraHooks:
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A fresh name and adapter entry per version: S-LoRA has no prefix cache, and older versions stay servable.
         self._check_rank(state)
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         # The folder only tells S-LoRA's loader the rank and scaling (lora_alpha / r); its rows are then written from
         # `state` by layout.pool_rows, so what clients get is this transform's output, checked by conformance.
         zero = self._zero_state(state.config.r)
@@ -339,23 +338,19 @@ class SloraHost(SloraHooks):
         runs as its decode step followed by its prefill step (with the fine-tuning rows); the record sums their
         measured times: what S-LoRA takes to serve that composition."""
         ch = self.channel
-        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
-        vocab = int(self._hf_cfg["vocab_size"])
+        draw = ProfileDraw(shape, int(self._hf_cfg["vocab_size"]))
         run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
         ch.profiling, ch.profile_records = True, []
         try:
             if shape.num_decode:
                 for i in range(shape.num_decode):
-                    self._add(f"{run}-d{i}", [rng.randrange(3, vocab) for _ in range(max(1, shape.decode_context))],
-                              None, 2)
+                    self._add(f"{run}-d{i}", draw.tokens(max(1, shape.decode_context)), None, 2)
                 self._step()  # warm-up prefill of the decode rows' contexts (not part of the profiled shape)
                 ch.profile_records.clear()
             for i, n in enumerate(shape.prefill_lengths):
-                self._add(f"{run}-p{i}", [rng.randrange(3, vocab) for _ in range(n)], None, 1)
+                self._add(f"{run}-p{i}", draw.tokens(n), None, 1)
             if shape.finetune_lengths:
-                ch.profile_samples = tuple(
-                    FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)),
-                                   (False,) + (True,) * (n - 1)) for i, n in enumerate(shape.finetune_lengths))
+                ch.profile_samples = draw.finetune_samples()
             for _ in range(8):
                 if not (self.router.running_batch is not None or self.router.req_queue.waiting_req_list
                         or ch.profile_samples):

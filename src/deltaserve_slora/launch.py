@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deltaserve_core.job_config import JobConfig, JobConfigError, load_job_config
+from deltaserve_core.runtime import EngineRuntime, route_logs
+from deltaserve_core.job_config import JobConfigError, load_job_config
 
 from .locate import SloraCheckout, SloraNotFoundError, activate, locate_slora
 
@@ -178,16 +179,9 @@ def profile_key(checkout: SloraCheckout, model_path: str) -> Any:
 
 
 def _load_profile(key: Any) -> Any:
-    from deltaserve_core.calibration import ProfileStore
+    from deltaserve_core.runtime import stored_profile
 
-    store = ProfileStore()
-    profile = store.load(key)
-    if profile is None:
-        raise RuntimeError(
-            f"no latency-model calibration for slora {key.engine_version} / {key.model} on cuda (float16) in "
-            f"{store.root}: run `{_CALIBRATE.format(model=key.model)}` first with the same S-LoRA "
-            "(DELTASERVE_SLORA_PATH) and model path; DELTASERVE_PROFILE_DIR selects the store")
-    return profile
+    return stored_profile(key, _CALIBRATE.format(model=key.model) + " (with the same S-LoRA: DELTASERVE_SLORA_PATH)")
 
 
 # ------------------------------------------------------------------------------------------ router process
@@ -196,33 +190,32 @@ def _route_logs() -> None:
     """S-LoRA configures no logging: DeltaServe's lines (progress, publishing, faults) go to stderr, marked."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[deltaserve router] %(asctime)s %(levelname)s %(message)s"))
-    for name in ("deltaserve", "deltaserve_core", "deltaserve_slora"):
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    route_logs([handler], ("deltaserve", "deltaserve_core", "deltaserve_slora"))
 
 
-class RouterRuntime:
+class RouterRuntime(EngineRuntime):
     """DeltaServe inside S-LoRA's router process: attaches to the router, co-serves, checkpoints on stop."""
 
     def __init__(self, settings: LaunchSettings, checkout: SloraCheckout, applied: Sequence[str] = ()) -> None:
         """``applied``: the operator-path wraps already in place (the launcher's and the router-start wrap)."""
+        super().__init__(settings.job, engine="slora", grace_s=2 * settings.checkpoint_timeout_s, where="S-LoRA's router process",
+                         log_every_s=settings.log_every_s)
         self.settings = settings
         self.checkout = checkout
-        self.job: JobConfig = load_job_config(settings.job)
         self.router: Any = None
         self.hooks: Any = None
-        self.coserver: Any = None
         self.applied: list[str] = list(applied)
-        self._stop_requested = False
-        self._stopped = False
-        self._work = Path(self.job.checkpoint.dir) / ".serve-slora"
+        from .patches import uninstall, uninstall_operator
+
+        # after the final checkpoint, in this order (whether or not attach got as far as patching)
+        self.on_stop(self._close_sockets)
+        self.on_stop(lambda: shutil.rmtree(self.work_dir, ignore_errors=True))
+        self.on_stop(uninstall_operator)
+        self.on_stop(uninstall)
 
     def attach(self, router: Any) -> None:
         """``RouterManager.wait_to_model_ready`` calls this once S-LoRA's model server exists."""
-        from deltaserve_core.coserve import CoServer
+        from deltaserve_core.calibration import ProfileKey
 
         from .host import SloraHooks
         from .patches import PATCHES, install_arrivals, install_idle_loop
@@ -231,52 +224,34 @@ class RouterRuntime:
             raise RuntimeError("DeltaServe needs S-LoRA's ModelRpcServer in the router process (--tp 1)")
         self.router = router
         hooks = SloraHooks()
-        publish = Path(self.job.checkpoint.dir) / "published"
-        publish.mkdir(parents=True, exist_ok=True)
         hooks._init_hooks(checkout=self.checkout, model_path=self.settings.model_path,
-                          served_dir=Path(router.model_weightdir), work_dir=self._work, device="cuda",
+                          served_dir=Path(router.model_weightdir), work_dir=self.work_dir, device="cuda",
                           max_lora_rank=self.job.lora.r, max_batch_tokens=router.input_params.batch_max_tokens,
-                          publish_dir=publish)
-        from deltaserve_core.calibration import ProfileKey
-
+                          publish_dir=self.publish_root)
         profile = _load_profile(ProfileKey.for_host(hooks))  # the launcher checked the same key; before any patch
         hooks._attach(router)
         self.hooks = hooks
-        self.coserver = CoServer(hooks, self.job, latency_model=profile.model, log_every_s=self.settings.log_every_s)
-        self.coserver.start()
+        # S-LoRA's API server has no metrics endpoint
+        self.start(hooks, latency_model=profile.model, metrics=False)
         self.applied += hooks.installed + install_arrivals(router, hooks.channel) + install_idle_loop(
-            router, hooks.channel, self.wants_idle_step, lambda: self._stop_requested, self.request_stop)
-        missing = [p.name for p in PATCHES if p.name not in self.applied]
+            router, hooks.channel, self.wants_idle_step, lambda: self.stopping, self.request_stop)
+        missing = [p.target for p in PATCHES if p.target not in self.applied]
         if missing:
             raise RuntimeError(f"deltaserve_slora: recorded patches not applied: {missing}")
-        log.info("DeltaServe co-serving started in S-LoRA's router process: job %s, adapter %s, checkpoints in %s; "
-                 "patches applied (%d/%d): %s", self.settings.job, self.job.adapter_name, self.job.checkpoint.dir,
-                 len(self.applied), len(PATCHES), ", ".join(self.applied))
+        log.info("patches applied in S-LoRA's router process (%d/%d): %s", len(self.applied), len(PATCHES),
+                 ", ".join(self.applied))
 
     def wants_idle_step(self) -> bool:
         """Step again at once after a fine-tuning-only step? While the job has work and no stop was asked."""
-        return not self._stop_requested and self.coserver is not None and not self.coserver.finished
+        return not self.stopping and self.coserver is not None and not self.coserver.finished
 
     def request_stop(self) -> None:
-        if not self._stop_requested:
+        if not self.stopping:
             log.info("stop requested: the router stops after this step, then the final checkpoint is written")
-        self._stop_requested = True
+        self.begin_stop()
 
-    def stop(self) -> None:
-        """After the router stopped stepping: final checkpoint, then the CoServer and the patches go."""
-        if self._stopped:
-            return
-        self._stopped = True
-        from .patches import uninstall, uninstall_operator
-
-        try:
-            if self.coserver is not None:
-                self.coserver.shutdown(timeout_s=self.settings.checkpoint_timeout_s)
-        finally:
-            uninstall()
-            uninstall_operator()
-            shutil.rmtree(self._work, ignore_errors=True)
-            self._close_sockets()
+    def stop_timeout_s(self) -> float:
+        return self.settings.checkpoint_timeout_s
 
     def _close_sockets(self) -> None:
         # Unsent messages to a detokenizer that is gone would hold the process at exit (ZMQ's default linger).
@@ -297,7 +272,7 @@ def router_process(settings: LaunchSettings, args: Any, router_port: int, detoke
 
     from .patches import PATCHES, install_router_start
 
-    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].name])  # that one in the launcher process
+    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target])  # that one in the launcher process
     runtime.applied += install_router_start(manager.RouterManager, runtime.attach)
     try:
         manager.start_router_process(args, router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
+from deltaserve_core.hostkit import HookSlots, PatchRecord, StepPlan, check_patch_records
 from deltaserve_core.types import (
     ExecutionMode,
     FineTuneSample,
@@ -40,18 +40,22 @@ __all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "ROUTER_PATCHES", "Channel", "P
 FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
 
 
-@dataclass(frozen=True)
-class Patch:
-    name: str  # the wrapped method, as S-LoRA spells it
-    scope: str  # "instance" (this router/queue/server object), "class" (every instance in the process) or "module"
-    why: str
-    breaks_if: str
-    #: "router": applied to every router DeltaServe runs in (SloraHost and the operator path); "operator": only by
-    #: deltaserve_slora.launch (S-LoRA's own API server)
-    applies: str = "router"
+#: S-LoRA's upstream status, the same for every patch: the project has had no release and no commit since
+#: c1ddf48 (Jan 2024), so there is nobody to take a hook upstream to.
+_UPSTREAM = "none possible: S-LoRA is unmaintained (no release, last commit c1ddf48, Jan 2024)"
+_REMOVE = "when DeltaServe drops S-LoRA, or a maintained fork offers a per-step scheduling hook that replaces it"
 
 
-PATCHES: tuple[Patch, ...] = (
+def Patch(target: str, scope: str, why: str, breaks_if: str, applies: str = "router",
+          remove_when: str = _REMOVE) -> PatchRecord:
+    """One S-LoRA patch's record. ``scope``: "instance" (this router/queue/server object), "class" (every instance
+    in the process) or "module"; ``applies``: "router" (every router DeltaServe runs in: SloraHost and the operator
+    path) or "operator" (only deltaserve_slora.launch, S-LoRA's own API server)."""
+    return PatchRecord(target=target, how=scope, why=why, upstream=_UPSTREAM, remove_when=remove_when,
+                       breaks_if=breaks_if, applies=applies)
+
+
+PATCHES: tuple[PatchRecord, ...] = (
     Patch("slora.server.router.req_queue.ReqQueue.generate_new_batch", "instance",
           "batch formation: S-LoRA's proposed prefill batch is offered to the core's on_schedule; returned samples "
           "are appended to that same batch as 1-token (max_new_tokens=1) requests on the reserved adapter, all or "
@@ -84,7 +88,9 @@ PATCHES: tuple[Patch, ...] = (
           "fixes S-LoRA's base-request bug: rows without an adapter keep req_bins == 0 and silently get adapter #0 of "
           "the pool applied whenever they share a step with LoRA rows (fine-tuning rows make that common). Such rows "
           "are pointed at an all-zero adapter instead, so their LoRA delta is exactly 0",
-          "req_bins/infer_adapter.idx_map renamed, or S-LoRA fixing the bug itself (then drop this wrap)"),
+          "req_bins/infer_adapter.idx_map renamed, or S-LoRA fixing the bug itself",
+          remove_when="when S-LoRA (or the fork in use) fixes the base-request bug: the GPU test's stock run then "
+          "no longer reproduces it"),
     Patch("slora.server.api_server.start_router_process", "module",
           "operator path, in the launcher process: S-LoRA's api_server.main spawns its router process with this "
           "name as the target; the launcher points it at deltaserve_slora.launch.router_process (picklable, so the "
@@ -115,21 +121,8 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 #: the patches every router DeltaServe runs in gets (:func:`install`); the rest are the operator path's
-ROUTER_PATCHES: tuple[Patch, ...] = tuple(p for p in PATCHES if p.applies == "router")
-
-
-@dataclass
-class StepPlan:
-    step_id: int
-    samples: dict[str, FineTuneSample] = field(default_factory=dict)  # S-LoRA request id -> sample
-    prefill_lengths: tuple[int, ...] = ()
-    num_decode: int = 0
-    kv_tokens: int = 0
-    refused: tuple[int, ...] = ()
-    synthetic: bool = False
-    start: float = 0.0
-    duration: float = 0.0
-    ran: bool = False
+ROUTER_PATCHES: tuple[PatchRecord, ...] = tuple(p for p in PATCHES if p.applies == "router")
+check_patch_records(PATCHES)
 
 
 @dataclass
@@ -141,20 +134,15 @@ class _Info:
 
 
 @dataclass
-class Channel:
+class Channel(HookSlots):
     """State the wraps share with the host object (one DeltaServe host per process)."""
 
-    interceptor: ScheduleInterceptor | None = None
-    activation_sink: ActivationSink | None = None
-    step_sink: StepSink | None = None
     reserved_dir: str | None = None  # S-LoRA adapter dir of the reserved fine-tuning adapter
     zero_dir: str | None = None  # all-zero adapter for base rows that share a step with LoRA rows
     step_ids: Any = field(default_factory=itertools.count)
     plans: dict[str, StepPlan] = field(default_factory=dict)  # S-LoRA batch id -> plan of the step about to run
     current: StepPlan | None = None
     offer_idle: bool = True
-    profile_samples: tuple[FineTuneSample, ...] | None = None
-    profiling: bool = False
     profile_records: list[StepRecord] = field(default_factory=list)
     info: dict[str, _Info] = field(default_factory=dict)
     installed: list[str] = field(default_factory=list)
@@ -171,7 +159,7 @@ _LAUNCH_UNDO: list[Callable[[], None]] = []
 
 def _wrap(owner: Any, attr: str, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
           installed: list[str], undo_list: list[Callable[[], None]] = _UNDO) -> None:
-    if name not in {p.name for p in PATCHES}:
+    if name not in {p.target for p in PATCHES}:
         raise RuntimeError(f"deltaserve_slora: {name} is not in the patch record (patches.PATCHES)")
     original = getattr(owner, attr, None)
     if original is None:
@@ -280,15 +268,10 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return new_batch
         return generate_new_batch
 
-    _wrap(queue, "generate_new_batch", PATCHES[0].name, wrap_generate, ch.installed)
+    _wrap(queue, "generate_new_batch", PATCHES[0].target, wrap_generate, ch.installed)
 
     def report(plan: StepPlan) -> None:
-        ids = tuple(s.sample_id for s in plan.samples.values())
-        record = StepRecord(step_id=plan.step_id, start_time=plan.start, duration_s=plan.duration,
-                            mode=ExecutionMode.EAGER, prefill_lengths=plan.prefill_lengths,
-                            num_decode=plan.num_decode, kv_tokens=plan.kv_tokens, finetune_sample_ids=ids,
-                            finetune_lengths=tuple(s.num_tokens for s in plan.samples.values()),
-                            aborted_sample_ids=plan.refused, synthetic=plan.synthetic)
+        record = plan.to_record()
         if plan.synthetic:
             ch.profile_records.append(record)
         elif ch.step_sink is not None:
@@ -317,7 +300,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return out
         return _decode_batch
 
-    _wrap(router, "_decode_batch", PATCHES[1].name, wrap_decode, ch.installed)
+    _wrap(router, "_decode_batch", PATCHES[1].target, wrap_decode, ch.installed)
 
     def wrap_prefill(orig: Callable[..., Any]) -> Callable[..., Any]:
         async def _prefill_batch(batch: Any, minibatch: bool = True) -> Any:
@@ -331,7 +314,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return out
         return _prefill_batch
 
-    _wrap(router, "_prefill_batch", PATCHES[2].name, wrap_prefill, ch.installed)
+    _wrap(router, "_prefill_batch", PATCHES[2].target, wrap_prefill, ch.installed)
 
     # -- output filter -------------------------------------------------------------------------------------
     def wrap_send(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -348,7 +331,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return orig(batch, kept)
         return _send_to_detokenization_proc
 
-    _wrap(router, "_send_to_detokenization_proc", PATCHES[3].name, wrap_send, ch.installed)
+    _wrap(router, "_send_to_detokenization_proc", PATCHES[3].target, wrap_send, ch.installed)
 
     # -- forward: timing, rows, zero adapter ---------------------------------------------------------------
     def wrap_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -390,7 +373,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
                     sink.end_step(plan.step_id, ids, [])  # type: ignore[union-attr]
         return forward
 
-    _wrap(server, "forward", PATCHES[4].name, wrap_forward, ch.installed)
+    _wrap(server, "forward", PATCHES[4].target, wrap_forward, ch.installed)
 
     # -- model side (class-level; inert unless _ACTIVE) ----------------------------------------------------
     def wrap_layer(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,7 +389,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return orig(self, layer_id, input_embs, infer_state, no_lora_compute)
         return _lora_context_forward
 
-    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].name, wrap_layer, ch.installed)
+    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].target, wrap_layer, ch.installed)
 
     def wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, base_model: Any, adapters: list[Any], infer_adapter: Any = None) -> None:
@@ -423,7 +406,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
                         self.req_bins[i] = zero
         return __init__
 
-    _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].name, wrap_init, ch.installed)
+    _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].target, wrap_init, ch.installed)
     return list(ch.installed)
 
 
@@ -455,7 +438,7 @@ def install_server_entry(api_server: types.ModuleType, entry: Callable[..., None
 
     ``entry`` must be picklable by reference (S-LoRA's server uses the spawn start method)."""
     names: list[str] = []
-    _wrap(api_server, "start_router_process", PATCHES[7].name, lambda _orig: entry, names, _LAUNCH_UNDO)
+    _wrap(api_server, "start_router_process", PATCHES[7].target, lambda _orig: entry, names, _LAUNCH_UNDO)
     return names
 
 
@@ -470,7 +453,7 @@ def install_router_start(router_cls: type, on_ready: Callable[[Any], None]) -> l
         return wait_to_model_ready
 
     names: list[str] = []
-    _wrap(router_cls, "wait_to_model_ready", PATCHES[8].name, wrap, names, _LAUNCH_UNDO)
+    _wrap(router_cls, "wait_to_model_ready", PATCHES[8].target, wrap, names, _LAUNCH_UNDO)
     return names
 
 
@@ -502,7 +485,7 @@ def install_idle_loop(router: Any, ch: Channel, wants_idle_step: Callable[[], bo
         return loop_for_fwd
 
     names: list[str] = []
-    _wrap(router, "loop_for_fwd", PATCHES[9].name, wrap, names, _LAUNCH_UNDO)
+    _wrap(router, "loop_for_fwd", PATCHES[9].target, wrap, names, _LAUNCH_UNDO)
     return names
 
 
@@ -522,7 +505,7 @@ def install_arrivals(router: Any, ch: Channel) -> list[str]:
         return add_req
 
     names: list[str] = []
-    _wrap(router, "add_req", PATCHES[10].name, wrap, names, _LAUNCH_UNDO)
+    _wrap(router, "add_req", PATCHES[10].target, wrap, names, _LAUNCH_UNDO)
     return names
 
 

@@ -15,6 +15,7 @@ SPEC = HostSpec(
     install_command=("git clone https://github.com/S-LoRA/S-LoRA && build its CUDA extension, then "
                      "--option slora_path=PATH or DELTASERVE_SLORA_PATH=PATH (see docs/slora-adapter.md)"),
     engine_distributions=(),
+    patches="deltaserve_slora.patches:PATCHES",
     notes="CUDA + fp16 only; in-process router (TP=1); prefill and decode never mixed; eager only; tested at "
           "S-LoRA c1ddf48",
     static_capabilities={"mixed_batches": "no", "graph_modes": "eager", "abort": "no", "devices": "cuda",

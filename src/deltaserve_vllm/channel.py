@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor, StepSink
-from deltaserve_core.types import ExecutionMode, FineTuneSample, StepRecord
+from deltaserve_core import hostkit
+from deltaserve_core.types import ExecutionMode, StepRecord
 
 __all__ = ["CONFIG_KEY", "SERVE_KEY", "SETTINGS_KEY", "Channel", "StepPlan", "StepTiming", "close_channel",
            "get_channel", "open_channel"]
@@ -36,17 +36,10 @@ SETTINGS_KEY = "deltaserve"
 
 
 @dataclass
-class StepPlan:
+class StepPlan(hostkit.StepPlan):
     """What the scheduler decided for one step, read by the worker while it runs the step."""
 
-    step_id: int
-    samples: dict[str, FineTuneSample]  # vLLM request id of each injected row -> its sample
-    ft_only: bool
-    synthetic: bool
-    prefill_lengths: tuple[int, ...]
-    num_decode: int
-    kv_tokens: int
-    refused: tuple[int, ...] = ()  # samples returned by the interceptor that did not fit (reported aborted)
+    ft_only: bool = False
     reported: bool = True  # False for the warm-up steps of a profile, which never reach the step sink
 
 
@@ -61,11 +54,8 @@ class StepTiming:
 
 
 @dataclass
-class Channel:
-    key: str
-    interceptor: ScheduleInterceptor | None = None
-    activation_sink: ActivationSink | None = None
-    step_sink: StepSink | None = None
+class Channel(hostkit.HookSlots):
+    key: str = ""
     #: LoRARequest (vllm.lora.request) of the reserved adapter; set by set_finetune_adapter.
     finetune_lora: object | None = None
     #: plans and timings keyed by ``id(SchedulerOutput)``: the same object travels scheduler -> worker ->
@@ -75,10 +65,8 @@ class Channel:
     #: run_idle_step asks the scheduler for one schedule() even when vLLM has no request.
     idle_requested: bool = False
     last_step_executed: bool = False
-    #: calibration: while set, the interceptor is not consulted and no record reaches the sink unless the
-    #: step is the profiled one (``profile_samples`` is not None), which is reported with synthetic=True.
-    profiling: bool = False
-    profile_samples: tuple[FineTuneSample, ...] | None = None
+    #: calibration (``profiling``): no record reaches the sink unless the step is the profiled one
+    #: (``profile_samples`` is not None), which is reported with synthetic=True.
     profile_record: StepRecord | None = None
     worker_attached: bool = False
     scheduler_attached: bool = False
@@ -109,14 +97,14 @@ _LOCK = threading.Lock()
 def open_channel() -> Channel:
     with _LOCK:
         key = uuid.uuid4().hex
-        channel = _CHANNELS[key] = Channel(key)
+        channel = _CHANNELS[key] = Channel(key=key)
         return channel
 
 
 def get_channel(key: str | None) -> Channel:
     with _LOCK:
         if key == SERVE_KEY and key not in _CHANNELS:
-            _CHANNELS[key] = Channel(key)  # vllm serve: created in the EngineCore process by its first user
+            _CHANNELS[key] = Channel(key=key)  # vllm serve: created in the EngineCore process by its first user
         channel = _CHANNELS.get(key) if key else None
     if channel is None:
         raise RuntimeError(

@@ -30,13 +30,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import unicodedata
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+from deltaserve_core.hostkit import published_pattern
 from deltaserve_core.job_config import LATEST_SUFFIX
 
 __all__ = ["AdapterNamespace", "install", "installed_namespace"]
@@ -62,7 +62,7 @@ class AdapterNamespace:
         self.checkpoint_dir = Path(os.path.realpath(checkpoint_dir))
         self.publish_dir = Path(os.path.realpath(publish_dir))
         self._folded = _fold(adapter_name)
-        self._published = re.compile(re.escape(adapter_name) + r"@v(\d+)")
+        self._published = published_pattern(adapter_name)
 
     def owns_name(self, name: Any) -> bool:
         """Whether ``name`` is, or could be mistaken for, one of DeltaServe's adapters."""
@@ -100,7 +100,7 @@ class AdapterNamespace:
         except OSError:  # not written yet (nothing published) or unreadable: nothing to serve
             return []
         names = [n for n in names if _servable(self.publish_dir / n)]
-        return sorted(names, key=lambda n: int(n.rsplit("@v", 1)[1]))
+        return sorted(names, key=lambda n: int(self._published.fullmatch(n).group(1)))  # type: ignore[union-attr]
 
 
 def _servable(folder: Path) -> bool:

@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import shutil
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
@@ -55,8 +53,8 @@ from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
     ReservedAdapterError,
 )
+from deltaserve_core.hostkit import ProfileDraw, published_name
 from deltaserve_core.types import (
-    FineTuneSample,
     ProfileShape,
     StepRecord,
 )
@@ -172,7 +170,7 @@ class VllmHost(ChannelHooks):
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A fresh name, folder and LoRA id per version: vLLM's prefix-cache keys include the adapter name and
         # path, so KV computed with older weights is never served under the new name.
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         self._check_rank(state)
         path = self._tmp / "published" / name.replace("/", "_")
         state.save_pretrained(path)
@@ -196,8 +194,7 @@ class VllmHost(ChannelHooks):
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         ch = self._channel
-        rng = random.Random(len(shape.prefill_lengths) * 7919 + shape.num_decode)
-        vocab = self._hf_config.vocab_size
+        draw = ProfileDraw(shape, self._hf_config.vocab_size)
         run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
         submitted: list[str] = []
 
@@ -207,8 +204,7 @@ class VllmHost(ChannelHooks):
             rid = f"{run}-{tag}"
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
                                     skip_reading_prefix_cache=True)
-            self._engine.add_request(rid, TokensPrompt(prompt_token_ids=[rng.randrange(3, vocab)
-                                                                          for _ in range(length)]), params)
+            self._engine.add_request(rid, TokensPrompt(prompt_token_ids=draw.tokens(length)), params)
             submitted.append(rid)
             return rid
 
@@ -228,9 +224,7 @@ class VllmHost(ChannelHooks):
                             and o.outputs[0].token_ids}
             for i, n in enumerate(shape.prefill_lengths):
                 add(f"p{i}", n, 1)
-            ch.profile_samples = tuple(
-                FineTuneSample(-1 - i, tuple(rng.randrange(3, vocab) for _ in range(n)), (False,) + (True,) * (n - 1))
-                for i, n in enumerate(shape.finetune_lengths))
+            ch.profile_samples = draw.finetune_samples()
             self._engine.step()
             self._drain()
             record = ch.profile_record

@@ -159,12 +159,13 @@ def configure_engine_args(args: Any) -> bool:
                  "checkpoint on SIGINT/SIGTERM", getattr(args, "shutdown_timeout", 0), math.ceil(grace))
         args.shutdown_timeout = math.ceil(grace)
     extra[CONFIG_KEY] = SERVE_KEY
+    from deltaserve_core.hostkit import publish_dir
+
     from .guard import AdapterNamespace, install
-    from .serving import published_dir
 
     # Runtime LoRA loading stays as the operator set it (VLLM_ALLOW_RUNTIME_LORA_UPDATING): published versions
     # are served through the guard, in this process, and never through the public load endpoint.
-    install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, published_dir(job)))
+    install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, publish_dir(job)))
     from .metrics import METRICS_FILE_KEY, install_api_server_collector
 
     # DeltaServe's metrics on this server's /metrics: the EngineCore writes what this process serves

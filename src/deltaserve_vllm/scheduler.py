@@ -47,13 +47,12 @@ from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+from deltaserve_core.hostkit import TokenClock
 from deltaserve_core.types import (
-    ExecutionMode,
     FineTuneSample,
     ProposedBatch,
     RequestSLO,
     ScheduledRequest,
-    StepRecord,
 )
 
 from .channel import CONFIG_KEY, StepPlan, get_channel
@@ -99,7 +98,7 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         self._ds.scheduler_attached = True
         self._ds_step_ids = itertools.count()
         # (first token time, last token time, tokens seen) per client request, in this process's monotonic clock.
-        self._ds_token_times: dict[str, tuple[float, float, int]] = {}
+        self._ds_token_times = TokenClock()
         self._ds_params = SamplingParams(max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True,
                                          detokenize=False)
         self._ds_block_hasher = self._make_block_hasher(kwargs.get("hash_block_size") or self.hash_block_size)
@@ -203,7 +202,7 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
             before = request.num_computed_tokens
         decode = scheduled_tokens > 0 and before >= request.num_prompt_tokens and scheduled_tokens == 1
         client_id, slo = self._slo_and_id(request)
-        first, last, _ = self._ds_token_times.get(request.request_id, (None, None, 0))
+        first, last = self._ds_token_times.times(request.request_id)
         pending = request.num_tokens - before if scheduled_tokens == 0 else scheduled_tokens
         return ScheduledRequest(
             request_id=client_id,
@@ -299,11 +298,9 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         for rid in out.num_scheduled_tokens:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
-                self._ds_token_times.pop(rid, None)
-                continue
-            first, _, seen = self._ds_token_times.get(rid, (None, None, 0))
-            if request.num_output_tokens > seen:
-                self._ds_token_times[rid] = (first if first is not None else now, now, request.num_output_tokens)
+                self._ds_token_times.forget(rid)
+            else:
+                self._ds_token_times.observe(rid, request.num_output_tokens, now)
 
     def _report(self, plan: StepPlan, timing: Any, out: SchedulerOutput) -> None:
         ch = self._ds
@@ -312,16 +309,10 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         aborted = timing is not None and timing.aborted
         if isinstance(timing, DeferredStepTiming):
             timing = timing.resolve()
-        ids = tuple(s.sample_id for s in plan.samples.values())
-        record = StepRecord(
-            step_id=plan.step_id,
-            start_time=timing.start if timing is not None else time.monotonic(),
-            duration_s=timing.duration if timing is not None else 0.0,
-            mode=timing.mode if timing is not None else ExecutionMode.EAGER,
-            prefill_lengths=plan.prefill_lengths, num_decode=plan.num_decode, kv_tokens=plan.kv_tokens,
-            finetune_sample_ids=() if aborted else ids,
-            finetune_lengths=() if aborted else tuple(s.num_tokens for s in plan.samples.values()),
-            aborted_sample_ids=(ids if aborted else ()) + plan.refused, synthetic=plan.synthetic)
+        if timing is None:
+            record = plan.to_record(start=time.monotonic(), duration=0.0)
+        else:
+            record = plan.to_record(start=timing.start, duration=timing.duration, mode=timing.mode, aborted=aborted)
         if plan.synthetic:
             ch.profile_record = record
         if ch.step_sink is not None:

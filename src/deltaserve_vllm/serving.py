@@ -26,14 +26,13 @@ from __future__ import annotations
 import atexit
 import logging
 import shutil
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
-from deltaserve_core.job_config import JobConfig
+from deltaserve_core.hostkit import published_name
+from deltaserve_core.runtime import EngineRuntime, route_logs
 from deltaserve_core.types import ProfileShape, StepRecord
 
 from .channel import SERVE_KEY, SETTINGS_KEY, Channel, get_channel
@@ -48,7 +47,6 @@ __all__ = [
     "EngineHost",
     "ServeRuntime",
     "current_runtime",
-    "published_dir",
     "start_runtime",
 ]
 
@@ -60,14 +58,8 @@ SERVE_FINETUNE_LORA_ID = 2**31 - 2
 #: how long an idle engine waits before retrying a fine-tuning-only step that admitted nothing (backward
 #: running, pool exhausted for now). It bounds the delay a newly arrived request can see from DeltaServe.
 _IDLE_RETRY_S = 0.002
-
-
-def published_dir(job: JobConfig) -> Path:
-    """Where published adapter versions are written (``<name>@v<step>`` folders); the API server's guard
-    (:mod:`.guard`) serves a version to clients by that folder name."""
-    from deltaserve_core.coserve import published_dir as core_published_dir
-
-    return core_published_dir(job)
+#: how long a stop without a signal (the engine closed, atexit) waits for a running backward batch
+_UNSIGNALLED_STOP_S = 60.0
 
 
 def _executor_base() -> type:
@@ -120,7 +112,7 @@ class EngineHost(ChannelHooks):
         # A new folder per version: the API server's resolver maps a client's model name to a folder once and
         # caches it, and vLLM's prefix cache keys on the adapter, so a version is never overwritten in place.
         self._check_rank(state)
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         state.save_pretrained(self._publish_root / name)
         log.info("published adapter %s: request it as model %r", name, name)
         return name
@@ -131,17 +123,15 @@ class EngineHost(ChannelHooks):
                            "before starting the server: it stores the profile this server loads")
 
 
-class ServeRuntime:
+class ServeRuntime(EngineRuntime):
     """The CoServer of one ``vllm serve`` engine, and what the engine loop asks of it."""
 
     def __init__(self, channel: Channel, vllm_config: Any) -> None:
-        from deltaserve_core.calibration import ProfileKey, ProfileStore
-        from deltaserve_core.coserve import CoServer
-        from deltaserve_core.job_config import load_job_config
-
         route_logs_to_vllm()
         settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
-        self.job = load_job_config(settings["job"])
+        shutdown_timeout = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
+        super().__init__(settings["job"], engine="vllm", where="the vLLM engine", grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
+                         log_every_s=float(settings.get("log_every_s", 10.0)))
         self.channel = channel
         executor = channel.executor
         if executor is None:
@@ -153,69 +143,22 @@ class ServeRuntime:
             raise RuntimeError("the DeltaServe worker extension did not attach in the EngineCore process")
         sizes = executor.collective_rpc("deltaserve_graph_sizes")[0]
         channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
-        publish_root = published_dir(self.job)
-        publish_root.mkdir(parents=True, exist_ok=True)
-        self._work = Path(self.job.checkpoint.dir) / ".serve-finetune-adapter"
-        self.host = EngineHost(channel, vllm_config, publish_root, self._work)
-        store = ProfileStore()
-        key = ProfileKey.for_host(self.host)
-        profile = store.load(key)
-        if profile is None:
-            raise RuntimeError(
-                f"no latency-model calibration for {key.host} {key.engine_version} / {key.model} on {key.device} "
-                f"({key.dtype}) in {store.root}: run `deltaserve calibrate --host vllm --model {key.model} "
-                f"--dtype {key.dtype}` first (same model path; DELTASERVE_PROFILE_DIR selects the store)")
-        self.coserver = CoServer(self.host, self.job, latency_model=profile.model,
-                                 log_every_s=float(settings.get("log_every_s", 10.0)))
+        self.engine_host = EngineHost(channel, vllm_config, self.publish_root, self.work_dir)
         self._metrics_file: str | None = settings.get("metrics_file")
-        self.metrics: Any = None
         self._fruitless_idle = False
-        self._stopped = False
-        self._stop_signalled_at: float | None = None
-        self._shutdown_timeout_s = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
-        self._lock = threading.Lock()
 
-    def start(self) -> None:
-        from deltaserve_core.metrics import start_exporter
-
-        self.coserver.start()
-        # to the API server's /metrics: the file it named, or vLLM's multiprocess folder (deltaserve_vllm.metrics)
-        self.metrics = start_exporter(self.coserver, snapshot_path=self._metrics_file)
+    def start(self) -> None:  # type: ignore[override]
+        host = self.engine_host
+        # calibration steps the engine itself, which only vLLM's busy loop does here
+        super().start(host, calibrate_command=f"deltaserve calibrate --host vllm --model {host._model_path} "
+                                              f"--dtype {host._dtype}",
+                      metrics_snapshot=self._metrics_file)
         self.channel.idle_source = self.wants_idle_step
+        self.on_stop(lambda: shutil.rmtree(self.work_dir, ignore_errors=True))
         atexit.register(self.stop)
-        self._chain_stop_signals()
-        log.info("DeltaServe co-serving started in the vLLM engine: dataset %s, adapter %s, checkpoints in %s",
-                 self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
-
-    def _chain_stop_signals(self) -> None:
-        """Stop fine-tuning's idle steps and admission as soon as the EngineCore is told to stop.
-
-        vLLM's EngineCore handles SIGINT/SIGTERM itself: it leaves its loop once the scheduler has no work. The
-        idle step would be work forever (the job trains while vLLM has no request), so the engine was killed by
-        the API server's timeout before the executor's shutdown -- where the final checkpoint is written -- ran.
-        This handler runs first, then vLLM's."""
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("DeltaServe runtime started off the main thread: a stop signal will not pause fine-tuning "
-                        "before vLLM's shutdown")
-            return
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous = signal.getsignal(signum)
-
-            def handler(num: int, frame: Any, previous: Any = previous) -> None:
-                self.begin_stop()
-                if callable(previous):
-                    previous(num, frame)
-                elif previous == signal.SIG_DFL:
-                    raise SystemExit(128 + num)
-
-            signal.signal(signum, handler)
-
-    def begin_stop(self) -> None:
-        """Admit no more fine-tuning and end idle steps; the final checkpoint follows in :meth:`stop`. Only sets
-        flags (it runs in a signal handler)."""
-        if self._stop_signalled_at is None:
-            self._stop_signalled_at = time.monotonic()
-        self.coserver.stop_admission()
+        # vLLM's EngineCore leaves its loop once the scheduler has no work; the idle step would be work forever,
+        # so the signal must end it first (then vLLM's own handler runs).
+        self.catch_stop_signals(chain=True)
 
     def wants_idle_step(self) -> bool:
         """Asked by the scheduler's ``has_requests`` when vLLM has no request: should the loop step anyway?
@@ -223,37 +166,21 @@ class ServeRuntime:
         Yes while the job has work. When the previous idle step ran nothing, wait a little first: the loop
         would otherwise spin on a CPU the backward process may need, and the wait bounds how late a client
         request arriving meanwhile is noticed."""
-        if self._stopped or self._stop_signalled_at is not None or not self.coserver.wants_steps:
+        if not self.wants_steps:
             return False
         if self._fruitless_idle:
             time.sleep(_IDLE_RETRY_S)
         self._fruitless_idle = not self.channel.last_step_executed
         return True
 
+    def stop_timeout_s(self) -> float:
+        if self._stop_signalled_at is None:
+            return _UNSIGNALLED_STOP_S  # the engine shut down without a signal (an LLM closed, atexit)
+        return super().stop_timeout_s()
+
     def stop(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
         self.channel.idle_source = None
-        if threading.current_thread() is threading.main_thread():
-            # vLLM restores the default handlers before it tears the engine down, and a Ctrl-C (or systemd's
-            # SIGTERM to the whole group) reaches this process once directly and once more from the API server:
-            # that second signal would kill it mid-checkpoint. The API server's SIGKILL still bounds the stop.
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, signal.SIG_IGN)
-        timeout = 60.0
-        if self._stop_signalled_at is not None and self._shutdown_timeout_s > 0:
-            # The API server kills this process shutdown_timeout after it signalled it: stay inside that window
-            # (a running backward batch that does not finish in time is cancelled, the checkpoint still written).
-            left = self._shutdown_timeout_s - (time.monotonic() - self._stop_signalled_at)
-            timeout = max(1.0, left * 0.5)
-        try:
-            self.coserver.shutdown(timeout_s=timeout)
-        finally:
-            if self.metrics is not None:
-                self.metrics.close()  # the last values, final checkpoint included
-            shutil.rmtree(self._work, ignore_errors=True)
+        super().stop()
 
 
 _RUNTIME: dict[str, ServeRuntime] = {}
@@ -267,14 +194,7 @@ def route_logs_to_vllm() -> None:
         fallback = logging.StreamHandler()
         fallback.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"))
         handlers = [fallback]
-    for name in ("deltaserve", "deltaserve_core", "deltaserve_vllm"):
-        ours = logging.getLogger(name)
-        if ours.handlers:
-            continue
-        for handler in handlers:
-            ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
+    route_logs(handlers, ("deltaserve", "deltaserve_core", "deltaserve_vllm"))
 
 
 def current_runtime() -> ServeRuntime | None:

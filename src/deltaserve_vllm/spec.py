@@ -16,5 +16,6 @@ SPEC = HostSpec(
     supported=">=0.26.0,<0.33",
     stock="deltaserve_vllm.stock:run_stock",
     operator_command="deltaserve_vllm.launch:operator_command",
+    patches="deltaserve_vllm.patch_record:PATCHES",
     notes="in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, uni executor); eager on CPU; sync scheduler",
 )

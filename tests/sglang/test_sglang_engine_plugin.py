@@ -72,10 +72,10 @@ seed: 0
     try:
         got = _generate(engine)
         deadline = time.monotonic() + 300
-        while not any(ckpt.glob("*")) and time.monotonic() < deadline:
+        while not any(ckpt.glob("checkpoint-*")) and time.monotonic() < deadline:
             time.sleep(1.0)
-        checkpoints = sorted(p.name for p in ckpt.glob("*"))
-        published = sorted(p.name for p in (tmp_path / "published").glob("*"))
+        checkpoints = sorted(p.name for p in ckpt.glob("checkpoint-*"))
+        published = sorted(p.name for p in (ckpt / "published").glob("*"))
         again = _generate(engine)  # still serving, unchanged, with the job running beside it
     finally:
         engine.shutdown()

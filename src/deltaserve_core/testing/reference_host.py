@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..adapter_state import LoraAdapterState, parse_peft_key
 from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter, run_to_completion
 from ..hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError, ScheduleInterceptor, StepSink
+from ..hostkit import profile_seed, published_name
 from ..registry import HostSpec
 from ..types import (
     ExecutionMode,
@@ -154,7 +155,7 @@ class ReferenceHost:
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A fresh name per version: requests on an older version keep their KV, new ones never reuse it.
-        name = f"{state.name}@v{state.version}"
+        name = published_name(state.name, state.version)
         self._adapters[name] = self._to_lora(state)
         return name
 
@@ -163,7 +164,7 @@ class ReferenceHost:
         self._adapters.pop(name, None)
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
-        gen = torch.Generator().manual_seed(len(shape.prefill_lengths) * 7919 + shape.num_decode)
+        gen = torch.Generator().manual_seed(profile_seed(shape))
         vocab = self.model.config.vocab_size
         rows: list[_Row] = []
         pos = 0

@@ -1,0 +1,220 @@
+"""One engine runtime: the co-serving job inside an engine's own server process, the same on every engine.
+
+Under ``vllm serve``, SGLang's server and S-LoRA's server, DeltaServe runs in the engine process that steps the
+model (vLLM's EngineCore, SGLang's scheduler, S-LoRA's router). What happens there does not depend on the engine
+and lives here: the job file is loaded, its publish folder made, the latency model chosen by one policy, the
+:class:`~deltaserve_core.coserve.CoServer` built and started, its metrics exported, and a stop turned into a final
+checkpoint within the time the engine's server waits for it. An adapter's serving module builds its host (the
+engine translation) and says what its engine allows: whether calibration can run in place, how a stop reaches
+the engine's loop, what to clean up.
+
+The latency-model policy: the stored calibration profile of this host (same model path, dtype and device) when
+there is one. Without one, the host is calibrated in place, with progress, where the engine lets DeltaServe step
+it before the serving loop starts (SGLang); where the serving loop owns every step from the start (vLLM's
+EngineCore, S-LoRA's router), start-up stops with the one command that stores a profile.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .hooks import HostHooks
+from .hostkit import publish_dir
+from .job_config import JobConfig, load_job_config
+
+if TYPE_CHECKING:
+    from .calibration import CalibrationProfile, ProfileKey
+    from .latency_model import LatencyModel
+
+__all__ = ["EngineRuntime", "MissingCalibrationError", "route_logs", "stored_latency_model", "stored_profile"]
+
+log = logging.getLogger("deltaserve.runtime")
+
+
+class MissingCalibrationError(RuntimeError):
+    """No stored latency profile for this host, and its engine cannot be calibrated in place."""
+
+
+def stored_profile(key: ProfileKey, calibrate_command: str) -> CalibrationProfile:
+    """The stored calibration profile under ``key``, or :class:`MissingCalibrationError` naming the command that
+    stores one (``calibrate_command``, with the same model path, dtype and device)."""
+    from .calibration import ProfileStore
+
+    store = ProfileStore()
+    profile = store.load(key)
+    if profile is None:
+        raise MissingCalibrationError(
+            f"no latency-model calibration for {key.host} {key.engine_version} / {key.model} on {key.device} "
+            f"({key.dtype}) in {store.root}: run `{calibrate_command}` first (same model path; "
+            "DELTASERVE_PROFILE_DIR selects the store)")
+    return profile
+
+
+def stored_latency_model(host: HostHooks, calibrate_command: str) -> LatencyModel:
+    """:func:`stored_profile`'s model for ``host``'s profile key."""
+    from .calibration import ProfileKey
+
+    return stored_profile(ProfileKey.for_host(host), calibrate_command).model
+
+
+def route_logs(handlers: Iterable[logging.Handler], names: Iterable[str] = ("deltaserve",)) -> None:
+    """Send DeltaServe's log lines (progress, publishing, faults) through the engine's own handlers, so they
+    appear in the server's output in its format; engines configure only their own loggers."""
+    handlers = list(handlers)
+    for name in names:
+        ours = logging.getLogger(name)
+        if ours.handlers:
+            continue
+        for handler in handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
+class EngineRuntime:
+    """The CoServer of one engine server process, from the job file to the final checkpoint.
+
+    Lifecycle: construct (job loaded, publish folder made) -> :meth:`start` with the adapter's host ->
+    :meth:`begin_stop` (from a signal handler or the engine's own shutdown request) -> :meth:`stop` (final
+    checkpoint, then cleanup). ``grace_s``: how long the engine's server waits for this process after it asked it
+    to stop; :meth:`stop` spends at most half of what is left on the job's shutdown, so the save still fits."""
+
+    def __init__(self, job: JobConfig | str | Path, *, engine: str, grace_s: float, log_every_s: float = 10.0,
+                 where: str | None = None) -> None:
+        """``engine``: the host's short name; ``where``: the process, as the start line names it."""
+        self.job = job if isinstance(job, JobConfig) else load_job_config(job)
+        self.engine = engine
+        self.where = where or f"the {engine} engine"
+        self.grace_s = float(grace_s)
+        self.log_every_s = float(log_every_s)
+        self.publish_root = publish_dir(self.job)
+        self.publish_root.mkdir(parents=True, exist_ok=True)
+        #: scratch space of the engine's host (the reserved adapter's folder); removed at stop
+        self.work_dir = Path(self.job.checkpoint.dir) / f".serve-{engine}"
+        self.host: HostHooks | None = None
+        self.coserver: Any = None
+        self.metrics: Any = None
+        self._cleanups: list[Callable[[], None]] = []
+        self._on_begin_stop: list[Callable[[], None]] = []
+        self._stop_signalled_at: float | None = None
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------ start
+
+    def start(self, host: HostHooks, *, calibration: Mapping[str, Any] | None = None,
+              calibrate_command: str | None = None, latency_model: LatencyModel | None = None,
+              metrics: bool = True, metrics_snapshot: str | None = None, **coserver_options: Any) -> None:
+        """Build and start the job on ``host``.
+
+        ``calibration``: the engine can be calibrated in place now (settings for
+        :func:`~deltaserve_core.calibration.load_or_calibrate`); otherwise ``calibrate_command`` is the command
+        that stores a profile, named when none is stored (or ``latency_model``: the stored one, already loaded by
+        an adapter that must refuse before it patches anything). ``metrics``: export the job's metrics the way
+        this engine's server serves them (:func:`deltaserve_core.metrics.start_exporter`)."""
+        from .coserve import CoServer
+
+        if calibration is None and calibrate_command is None and latency_model is None:
+            raise ValueError("EngineRuntime.start needs calibration settings or the command that calibrates")
+        self.host = host
+        latency = latency_model
+        if latency is None and calibration is None:
+            latency = stored_latency_model(host, calibrate_command or "")
+        settings = dict(calibration or {})
+        settings.setdefault("progress", True)
+        self.coserver = CoServer(host, self.job, latency_model=latency,
+                                 calibration=settings if latency is None else None,
+                                 log_every_s=self.log_every_s, **coserver_options)
+        self.coserver.start()
+        if metrics:
+            from .metrics import start_exporter
+
+            self.metrics = start_exporter(self.coserver, snapshot_path=metrics_snapshot)
+        log.info("DeltaServe co-serving started in %s: dataset %s, adapter %s, checkpoints in %s",
+                 self.where, self.job.dataset, self.job.adapter_name, self.job.checkpoint.dir)
+
+    def on_begin_stop(self, fn: Callable[[], None]) -> None:
+        """Also run ``fn`` when a stop begins (it must only set flags: it may run in a signal handler)."""
+        self._on_begin_stop.append(fn)
+
+    def on_stop(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after the final checkpoint (cleanup of the engine side), last added first."""
+        self._cleanups.append(fn)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_signalled_at is not None or self._stopped
+
+    @property
+    def wants_steps(self) -> bool:
+        """Whether the engine's loop should keep stepping for the job (fine-tuning-only steps)."""
+        return not self.stopping and self.coserver is not None and bool(self.coserver.wants_steps)
+
+    # ------------------------------------------------------------------------------------ stop
+
+    def catch_stop_signals(self, *, chain: bool) -> None:
+        """Begin a stop on SIGINT/SIGTERM. ``chain``: then call the engine's own handler (vLLM's EngineCore
+        leaves its loop by it); otherwise the engine's loop ends through :meth:`on_begin_stop` callbacks, and
+        Python's defaults (KeyboardInterrupt anywhere, or death) never cut a step or the save short."""
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("DeltaServe runtime started off the main thread: a stop signal will not pause fine-tuning "
+                        "before the engine stops, nor write a final checkpoint first")
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(signum) if chain else None
+
+            def handler(num: int, frame: Any, previous: Any = previous) -> None:
+                self.begin_stop()
+                if callable(previous):
+                    previous(num, frame)
+                elif chain and previous == signal.SIG_DFL:
+                    raise SystemExit(128 + num)
+
+            signal.signal(signum, handler)
+
+    def begin_stop(self) -> None:
+        """Admit no more fine-tuning and let the engine's loop end; the final checkpoint follows in :meth:`stop`.
+        Only sets flags: it runs in a signal handler."""
+        if self._stop_signalled_at is None:
+            self._stop_signalled_at = time.monotonic()
+        if self.coserver is not None:
+            self.coserver.stop_admission()
+        for fn in self._on_begin_stop:
+            fn()
+
+    def stop_timeout_s(self) -> float:
+        """Half of what is left of the grace since the stop was signalled (all of it when none was): a backward
+        batch that runs over is cancelled, and the save still fits."""
+        started = self._stop_signalled_at if self._stop_signalled_at is not None else time.monotonic()
+        return max(1.0, (self.grace_s - (time.monotonic() - started)) * 0.5)
+
+    def stop(self) -> None:
+        """The final checkpoint, within the grace; then the adapter's cleanups. Once."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if threading.current_thread() is threading.main_thread():
+            # A Ctrl-C reaches this process once directly and again from the engine's server (or systemd signals
+            # the whole group): the default action of the second one would kill it mid-checkpoint. The server's
+            # SIGKILL after its grace still bounds the stop.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+        try:
+            if self.coserver is not None:
+                self.coserver.stop_admission()
+                self.coserver.shutdown(timeout_s=self.stop_timeout_s())
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()  # the last values, the final checkpoint included
+            for fn in reversed(self._cleanups):
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 -- one failed cleanup must not skip the others
+                    log.exception("DeltaServe: cleanup after the final checkpoint failed")

@@ -1,0 +1,63 @@
+"""Every place ``deltaserve_sglang`` changes SGLang at run time, with its record (why, how, upstream, when it can go).
+
+Most go through SGLang's own ``HookRegistry`` (AROUND hooks, registered by :func:`deltaserve_sglang.plugin.register`)
+on internal methods: the registry is public, the methods are not, so each is recorded as a patch. Importing this
+module imports no SGLang: ``deltaserve hosts --patches`` prints it anywhere.
+"""
+
+from __future__ import annotations
+
+from deltaserve_core.hostkit import PatchRecord, check_patch_records
+
+__all__ = ["PATCHES"]
+
+_HOOK = "HookRegistry AROUND hook"
+_STEP = "not proposed yet: a scheduler step hook that may add rows to a formed batch and see its result"
+_SCHED = "sglang.srt.managers.scheduler.Scheduler"
+
+PATCHES: tuple[PatchRecord, ...] = (
+    PatchRecord(target=f"{_SCHED}.get_next_batch_to_run", how=_HOOK,
+                why="offer each formed step to the core once and add fine-tuning rows to that very step",
+                upstream=_STEP, remove_when="SGLang offers that step hook",
+                breaks_if="ScheduleBatch's per-row fields (reqs, extend_lens, prefix_lens, decoding_reqs) change"),
+    PatchRecord(target=f"{_SCHED}.run_event_loop", how=_HOOK,
+                why="operator path: start co-serving in SGLang's scheduler process before its loop, stop it after",
+                upstream="not proposed yet: a scheduler start/stop callback for plugins",
+                remove_when="SGLang offers that callback", breaks_if="the loop is started another way"),
+    PatchRecord(target=f"{_SCHED}.run_batch", how=_HOOK,
+                why="begin_step/end_step and device-complete step timing", upstream=_STEP,
+                remove_when="SGLang offers that step hook", breaks_if="the forward no longer runs inside run_batch"),
+    PatchRecord(target=f"{_SCHED}.process_batch_result", how=_HOOK,
+                why="one StepRecord per executed step, after SGLang processed its outputs", upstream=_STEP,
+                remove_when="SGLang offers that step hook", breaks_if="results are processed elsewhere"),
+    PatchRecord(target="sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+                       ".stream_output", how=_HOOK,
+                why="no fine-tuning (or calibration) row reaches a client: rows with DeltaServe's rid prefixes are "
+                    "removed before streaming",
+                upstream="not proposed yet: an output filter for internal requests",
+                remove_when="SGLang can run internal requests that never stream",
+                breaks_if="a second streaming path"),
+    PatchRecord(target="sglang.srt.server_args.prepare_server_args", how=_HOOK + " (launcher process)",
+                why="refuse a bad job before anything loads (sglang.launch_server)",
+                upstream="not needed: a plugin validation hook would do the same",
+                remove_when="SGLang validates plugin settings itself", breaks_if="the launcher stops calling it",
+                applies="launcher"),
+    PatchRecord(target="sglang.srt.server_args.ServerArgs.check_server_args", how=_HOOK + " (launcher process)",
+                why="the same refusal for sgl.Engine, which builds ServerArgs itself",
+                upstream="not needed: as above", remove_when="as above", breaks_if="sgl.Engine stops calling it",
+                applies="launcher"),
+    PatchRecord(target="sglang.srt.utils.common.kill_process_tree", how=_HOOK + " (launcher process)",
+                why="a stop that SGLang ends with SIGKILL first SIGTERMs the scheduler processes and waits for the "
+                    "final checkpoint (at most DELTASERVE_SHUTDOWN_GRACE_S)",
+                upstream="not proposed yet: a graceful shutdown phase for plugins",
+                remove_when="SGLang gives its schedulers a graceful stop before killing them",
+                breaks_if="schedulers are no longer found by their process title", applies="launcher"),
+    PatchRecord(target="sglang.srt.managers.tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS",
+                how="module constant raised in the launching process",
+                why="the API server waits long enough for the final checkpoint after its ShutdownReq",
+                upstream="not proposed yet: a configurable exit timeout",
+                remove_when="the timeout is a server argument", breaks_if="the constant is renamed",
+                applies="launcher"),
+)
+
+check_patch_records(PATCHES)

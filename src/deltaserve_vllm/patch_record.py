@@ -1,0 +1,87 @@
+"""Every run-time patch ``deltaserve_vllm`` applies to vLLM, with its record (why, how, upstream status, when it can go).
+
+The public extension points it uses (``scheduler_cls``, ``worker_extension_cls``, the plugin entry points,
+``additional_config``) are not patches and are listed in ``docs/vllm-adapter.md`` ("Every vLLM internal touched")
+beside these. Importing this module imports no vLLM: ``deltaserve hosts --patches`` prints it anywhere.
+"""
+
+from __future__ import annotations
+
+from deltaserve_core.hostkit import PatchRecord, check_patch_records
+
+__all__ = ["PATCHES"]
+
+_STEP_HOOK = "upstream a per-step execute callback (before/after the forward, with the batch's rows)"
+
+PATCHES: tuple[PatchRecord, ...] = (
+    PatchRecord(
+        target="vllm.engine.arg_utils.EngineArgs.create_engine_config",
+        how="method wrapped once per process by deltaserve_vllm.plugin.register() (original kept as __wrapped__); "
+            "acts only when additional_config has the 'deltaserve' key",
+        why="one switch instead of five flags: sets scheduler_cls, worker_extension_cls, the executor, enable_lora, "
+            "max_loras + 1, the CUDA V1 runner and compile mode 0, pairs the scheduler with async_scheduling, raises "
+            "shutdown_timeout to the final checkpoint's grace, and refuses bad settings before the engine starts",
+        upstream="not proposed yet: a plugin hook that may adjust EngineArgs (or a plugin default for scheduler_cls)",
+        remove_when="vLLM lets a general plugin adjust engine arguments before the config is built",
+        breaks_if="vLLM renames the method or builds the config elsewhere", applies="engine"),
+    PatchRecord(
+        target="model_runner.execute_model/sample_tokens (GPUModelRunner; CPUModelRunner on CPU)",
+        how="instance wrap on the worker's model runner by the worker extension (deltaserve_attach)",
+        why="device-complete step timing, begin_step/end_step, the abort of a fine-tuning-only step, and the "
+            "mapping of rows to fine-tuning samples (input_batch.req_ids)",
+        upstream=_STEP_HOOK, remove_when="vLLM offers per-step execute callbacks to worker extensions",
+        breaks_if="the V2 model runner (no input_batch) or a renamed execute_model/sample_tokens", applies="engine"),
+    PatchRecord(
+        target="vllm.lora.ops.torch_ops.lora_ops.bgmv_shrink/bgmv_expand/bgmv_expand_slice",
+        how="module functions rebound in that module, vllm.lora.ops.torch_ops and punica_cpu by "
+            "deltaserve_vllm.cpu_lora_fix.apply(); remove() restores them",
+        why="vLLM-CPU bug: rows with LoRA index -1 (base-model rows) index the stacked weights with -1 and get the "
+            "last slot's adapter; the fix keeps their values across the op",
+        upstream="a vLLM bug, not reported upstream yet (docs/vllm-adapter.md, 'Base-model rows and the last LoRA "
+                 "slot')",
+        remove_when="the torch ops skip index -1: tests/test_vllm_host.py::"
+                    "test_stock_vllm_cpu_gives_base_rows_the_last_lora_slot then fails",
+        breaks_if="the punica CPU wrapper stops calling these module functions", applies="cpu"),
+    PatchRecord(
+        target="vllm.entrypoints.cli.main.importlib",
+        how="module global replaced, in the process of `python -m deltaserve_vllm` only, by a stand-in whose "
+            "metadata.version('vllm') answers with vllm-cpu's version",
+        why="vllm-cpu's `vllm` console script fails before parsing anything (PackageNotFoundError: vllm), because "
+            "its distribution is named vllm-cpu",
+        upstream="a packaging bug of the community vllm-cpu build",
+        remove_when="vllm-cpu's `vllm --version` exits 0: launch.vllm_cli_head then returns `vllm` everywhere",
+        breaks_if="vLLM's CLI reads its version another way", applies="launcher"),
+    PatchRecord(
+        target="vllm.entrypoints.openai.models.serving.OpenAIServingModels.load_lora_adapter/unload_lora_adapter",
+        how="class attributes wrapped by deltaserve_vllm.guard.install() in the API server process",
+        why="a client's runtime LoRA load or unload touching DeltaServe's names, folders or versions is refused, "
+            "and every failed load gets the same 400 so the endpoint cannot probe server paths",
+        upstream="not proposed yet: an admission hook for runtime LoRA loads and uniform load errors",
+        remove_when="vLLM offers that hook", breaks_if="the methods move or change signature", applies="server"),
+    PatchRecord(
+        target="vllm.entrypoints.openai.models.serving.OpenAIServingModels.show_available_models",
+        how="class attribute wrapped by guard.install() in the API server process",
+        why="/v1/models lists every servable published version as soon as its folder exists, and <adapter>@latest",
+        upstream="not proposed yet: a listing hook for plugins (or resolvers that can enumerate)",
+        remove_when="vLLM lets resolvers list their adapters",
+        breaks_if="the list is no longer built from lora_requests", applies="server"),
+    PatchRecord(
+        target="vllm.entrypoints.serve.engine.serving.BaseServing._check_model",
+        how="method wrapped by guard.install() (and PoolingBaseServing._check_model, which overrides it)",
+        why="a request naming a published version loads it through engine_client.add_lora first, without turning "
+            "on VLLM_ALLOW_RUNTIME_LORA_UPDATING, which would open the load endpoint to every client",
+        upstream="not proposed yet: consult registered LoRA resolvers whatever the env var",
+        remove_when="resolvers are consulted without the env var: register a resolver instead",
+        breaks_if="lora_requests, lora_id_counter or lora_resolver_lock change", applies="server"),
+    PatchRecord(
+        target="SIGTERM/SIGINT handlers of the EngineCore process",
+        how="chained by the serve runtime after vLLM installed its own (vLLM's handler still runs); ignored "
+            "during the final checkpoint",
+        why="a stop ends fine-tuning's idle steps so vLLM's shutdown loop can exit, and a second signal cannot "
+            "kill the process mid-save",
+        upstream="not proposed yet: a shutdown callback for plugins/schedulers",
+        remove_when="vLLM offers a shutdown callback", breaks_if="vLLM installs its handler after building the engine",
+        applies="server"),
+)
+
+check_patch_records(PATCHES)
