@@ -29,7 +29,7 @@ from .shared_memory import SharedArray, SharedFlag
 
 __all__ = ["BackwardReport"]
 
-# shared control words (float64), written by the child unless noted
+# shared control words (float64), written by the child unless noted; the controller reads them by the same indices
 _HEARTBEAT, _STATE, _PAUSED_AT, _RESUMED_AT, _STEP, _CANCEL, _PID, _LAYER, _NCTL = range(9)
 STATE_NAMES = {0: "starting", 1: "idle", 2: "training", 3: "paused", 4: "stopped", 5: "saving"}
 _STARTING, _IDLE, _TRAINING, _PAUSED, _STOPPED, _SAVING = range(6)
