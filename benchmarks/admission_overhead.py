@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from deltaserve_core.admission import Admission, InMemoryPool  # noqa: E402
+from deltaserve_core.admission import Admission  # noqa: E402
+from deltaserve_core.finetune_data import FinetunePool, InMemoryPool  # noqa: E402
 from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients  # noqa: E402
 from deltaserve_core.slo import SLOConfig  # noqa: E402
 from deltaserve_core.types import ExecutionMode, FineTuneSample, ProposedBatch, ScheduledRequest  # noqa: E402
@@ -65,8 +66,6 @@ def build_pool(size: int, rng: random.Random, kind: str = "reference"):
         ids, mask = shared.setdefault(n, ((1,) * n, (True,) * n))
         samples.append(FineTuneSample(sample_id=i, input_ids=ids, loss_mask=mask))
     if kind == "finetune":
-        from deltaserve_core.finetune_data import FinetunePool
-
         return FinetunePool(samples, epochs=1, seed=0)
     return InMemoryPool(samples)
 
@@ -90,14 +89,14 @@ def time_case(admission: Admission, batch: ProposedBatch, pool, repeats: int) ->
     clock = time.perf_counter_ns
     for _ in range(max(50, repeats // 20)):  # warm caches and the interpreter's specialisations
         d = admission.decide(batch, pool=pool, backward_running=False, buffer_free_tokens=65536)
-        pool.release(d.samples)
+        pool.release([s.sample_id for s in d.samples])
     for _ in range(repeats):
         t0 = clock()
         d = admission.decide(batch, pool=pool, backward_running=False, buffer_free_tokens=65536)
         t1 = clock()
         samples_ns.append(t1 - t0)
         admitted.append(len(d.samples))
-        pool.release(d.samples)
+        pool.release([s.sample_id for s in d.samples])
     samples_ns.sort()
     return {
         "median_us": statistics.median(samples_ns) / 1e3,

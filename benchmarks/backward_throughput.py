@@ -9,9 +9,9 @@ Usage::
 What is compared, side by side in one run and on the same batches (order alternated per batch, since run-to-run
 noise on a shared CPU is ±30 %):
 
-* ``plain``: :func:`deltaserve_core.lora_backward.plain_peft_step`, i.e. what a user writes with transformers + PEFT:
+* ``plain``: :func:`deltaserve_core.peft_steps.plain_peft_step`, i.e. what a user writes with transformers + PEFT:
   per-sample forward with loss, backward, one AdamW step per backward batch (256 tokens by default).
-* ``packed``: :func:`deltaserve_core.lora_backward.packed_peft_step`, the same with transformers' padding-free
+* ``packed``: :func:`deltaserve_core.peft_steps.packed_peft_step`, the same with transformers' padding-free
   packing into sequences of ``pack_tokens`` -- the strongest trainer an operator runs instead (the ``static_mps``
   baseline's), and the rate the backward is judged against.
 * ``deltaserve``: :meth:`LoraBackward.train_step` on the layer inputs a host captured: per-layer recompute +
@@ -61,16 +61,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward  # noqa: E402
+from deltaserve_core.activation_buffer import ActivationBuffer  # noqa: E402
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec  # noqa: E402
 from deltaserve_core.bench import source_commit  # noqa: E402
-from deltaserve_core.lora_backward import (  # noqa: E402
-    LoraBackward,
-    TrainerConfig,
-    pack_groups,
-    packed_peft_step,
-    plain_peft_step,
-)
+from deltaserve_core.lora_backward import LoraBackward, TrainerConfig  # noqa: E402
+from deltaserve_core.model_parts import pack_groups  # noqa: E402
+from deltaserve_core.peft_steps import packed_peft_step, plain_peft_step  # noqa: E402
+from deltaserve_core.testing.capture import capture_forward  # noqa: E402
 from deltaserve_core.types import FineTuneSample  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

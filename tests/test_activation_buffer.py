@@ -15,9 +15,9 @@ import torch
 from deltaserve_core.activation_buffer import (
     ActivationBuffer,
     ActivationBufferError,
-    SharedFlag,
     SlotState,
 )
+from deltaserve_core.shared_memory import SharedFlag, SharedMemoryError
 from deltaserve_core.types import FineTuneSample
 
 L, H = 3, 8
@@ -169,7 +169,7 @@ def test_close_unlinks_shared_files() -> None:
     assert os.path.exists(path)
     b.close()
     assert not os.path.exists(path)
-    with pytest.raises(ActivationBufferError, match="no longer exists"):
+    with pytest.raises(SharedMemoryError, match="no longer exists"):
         pickle.loads(pickle.dumps(b))
 
 

@@ -13,9 +13,9 @@ from deltaserve_core.admission import (
     AdmissionDecision,
     AdmissionPool,
     AdmissionReason,
-    InMemoryPool,
     admit,
 )
+from deltaserve_core.finetune_data import InMemoryPool
 from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients
 from deltaserve_core.slo import SLOConfig, step_budget
 from deltaserve_core.types import ExecutionMode, FineTuneSample, ProposedBatch, ScheduledRequest
@@ -185,7 +185,7 @@ def test_pool_claim_and_release():
     assert [s.num_tokens for s in order] == [10, 20, 30, 40]
     pool.claim(order[:2])
     assert len(pool) == 2
-    pool.release(order[:2])  # undo of the latest claim (aborted step)
+    pool.release([s.sample_id for s in order[:2]])  # undo of the latest claim (aborted step)
     assert [s.num_tokens for s in pool.iter_by_length()] == [10, 20, 30, 40]
     pool.claim([order[2]])  # not a prefix: skipped lazily
     assert [s.num_tokens for s in pool.iter_by_length()] == [10, 20, 40] and len(pool) == 3
@@ -193,10 +193,10 @@ def test_pool_claim_and_release():
         pool.claim([order[2]])
     pool.claim(order[:2])
     assert [s.num_tokens for s in pool.iter_by_length()] == [40]
-    pool.release([order[1], order[2]])
+    pool.release([order[1].sample_id, order[2].sample_id])
     assert [s.num_tokens for s in pool.iter_by_length()] == [20, 30, 40]
     with pytest.raises(ValueError, match="already"):
-        pool.release([order[3]])
+        pool.release([order[3].sample_id])
     with pytest.raises(ValueError, match="unique"):
         InMemoryPool([sample(1, 5), sample(1, 6)])
 

@@ -19,30 +19,16 @@ import time
 import pytest
 import torch
 
-from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
+from deltaserve_core.activation_buffer import ActivationBuffer
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.backward_process import BackwardProcess, share_model_weights
-from deltaserve_core.lora_backward import (
-    BackwardBatcher,
-    BackwardCancelled,
-    LoraBackward,
-    TrainerConfig,
-    plain_peft_step,
-)
+from deltaserve_core.lora_backward import BackwardCancelled, LoraBackward, TrainerConfig
+from deltaserve_core.peft_steps import plain_peft_step
+from deltaserve_core.testing.capture import capture_forward
 
 from test_exactness import lora_tensors, load_lora, make_batches, max_rel_err  # noqa: E402  (tests/ is on sys.path)
 
 TOL = 1e-5
-
-
-def test_batcher_accumulates_to_backward_batch_tokens() -> None:
-    b = BackwardBatcher(256)
-    assert b.add(1, 100) is None and b.add(2, 100) is None
-    assert b.pending_tokens == 200
-    assert b.add(3, 60) == [1, 2, 3]
-    assert b.pending_tokens == 0 and b.flush() is None
-    b.add(4, 10)
-    assert b.flush() == [4]
 
 
 @pytest.mark.parametrize(("limit", "lengths", "groups"), [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.admission import Admission, InMemoryPool
+from deltaserve_core.admission import Admission
 from deltaserve_core.bench.metrics import (
     RequestResult,
     StepSample,
@@ -26,6 +26,7 @@ from deltaserve_core.bench.policies import (
     PredictionLog,
     ShapeCacheLatency,
 )
+from deltaserve_core.finetune_data import InMemoryPool
 from deltaserve_core.latency_model import (
     DecodeCoefficients,
     LatencyModel,

@@ -11,10 +11,11 @@ import json
 import pytest
 import torch
 
-from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
+from deltaserve_core.activation_buffer import ActivationBuffer
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec
 from deltaserve_core.checkpoint import list_checkpoints, load_latest, save_checkpoint
 from deltaserve_core.lora_backward import LoraBackward
+from deltaserve_core.testing.capture import capture_forward
 
 from test_exactness import load_lora, make_batches  # noqa: E402  (tests/ is on sys.path)
 

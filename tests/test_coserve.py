@@ -96,7 +96,7 @@ def _peft_replay(tiny_model: Path, cfg, init: dict, batches, samples: dict, lr: 
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from deltaserve_core.lora_backward import plain_peft_step
+    from deltaserve_core.peft_steps import plain_peft_step
 
     ref = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype).to(device),
                          LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),

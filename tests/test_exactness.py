@@ -1,6 +1,6 @@
 """Exactness: training through capture → ActivationBuffer → LoraBackward equals a plain transformers + PEFT loop.
 
-The reference is :func:`deltaserve_core.lora_backward.plain_peft_step` (per-sample unpadded forward, HF's loss with
+The reference is :func:`deltaserve_core.peft_steps.plain_peft_step` (per-sample unpadded forward, HF's loss with
 ``num_items_in_batch`` = the batch's target tokens, one ``torch.optim.AdamW`` step per batch). The DeltaServe side
 captures every layer input with forward pre-hooks on a PEFT model that holds the adapter *as of the previous step*
 (what a host serving the fine-tuning adapter does: no admission while a backward runs), then trains on the captures.
@@ -28,9 +28,11 @@ from collections.abc import Mapping, Sequence
 import pytest
 import torch
 
-from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
+from deltaserve_core.activation_buffer import ActivationBuffer
 from deltaserve_core.adapter_state import LoraAdapterState, LoraConfigSpec
-from deltaserve_core.lora_backward import LoraBackward, TrainerConfig, plain_peft_step
+from deltaserve_core.lora_backward import LoraBackward, TrainerConfig
+from deltaserve_core.peft_steps import plain_peft_step
+from deltaserve_core.testing.capture import capture_forward
 from deltaserve_core.types import FineTuneSample
 
 pytestmark = pytest.mark.exactness
@@ -210,7 +212,7 @@ def test_packed_peft_step_matches_the_per_sample_loop(tiny_llama: tuple[str, str
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from deltaserve_core.lora_backward import packed_peft_step
+    from deltaserve_core.peft_steps import packed_peft_step
 
     model_dir, adapter_dir = tiny_llama
     models, grads = [], []

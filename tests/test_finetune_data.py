@@ -16,6 +16,7 @@ from deltaserve_core.finetune_data import (
     DatasetError,
     FinetuneDataset,
     FinetunePool,
+    InMemoryPool,
     LoadReport,
     load_records,
     tokenize_conversation,
@@ -375,8 +376,11 @@ def test_claim_release_complete() -> None:
     with pytest.raises(ValueError):
         pool.complete([0, 3])
     assert pool.state_of(0) == "in_flight"
-    # FineTuneSample objects are accepted too (the admission code releases what it claimed)
-    pool.release([pool.sample(0)])
+    # release takes sample ids only, like InMemoryPool.release
+    with pytest.raises(TypeError, match="sample ids"):
+        pool.release([pool.sample(0)])
+    assert pool.state_of(0) == "in_flight"
+    pool.release([0])
     assert pool.state_of(0) == "pool"
     p = pool.progress()
     assert (p["in_pool"], p["in_flight"], p["done_in_epoch"], p["samples_completed"]) == (3, 0, 1, 1)
@@ -423,6 +427,24 @@ def test_pool_refuses_bad_construction() -> None:
     with pytest.raises(DatasetError, match="epochs"):
         FinetunePool(make_samples([2]), epochs=0)
 
+
+
+@pytest.mark.parametrize("make_pool", [lambda s: FinetunePool(s, shuffle=False), InMemoryPool],
+                         ids=["FinetunePool", "InMemoryPool"])
+def test_both_pools_claim_samples_and_release_ids(make_pool) -> None:
+    pool = make_pool(make_samples([4, 2, 6, 3]))
+    first = list(pool.iter_by_length())[:2]
+    assert [s.sample_id for s in first] == [1, 3]
+    pool.claim(first)
+    assert len(pool) == 2 and [s.sample_id for s in pool.iter_by_length()] == [0, 2]
+    with pytest.raises(TypeError, match="sample ids"):
+        pool.release(first)
+    with pytest.raises(KeyError, match="not part of this"):
+        pool.release([99])
+    pool.release([3])
+    assert [s.sample_id for s in pool.iter_by_length()] == [3, 0, 2]
+    pool.release([1])
+    assert len(pool) == 4 and [s.sample_id for s in pool.iter_by_length()] == [1, 3, 0, 2]
 
 def drive(pool: FinetunePool, rng: random.Random, steps: int) -> list[tuple[int, int]]:
     """A scheduler-like driver: claim a short prefix, then complete or abort some in-flight samples."""

@@ -238,8 +238,9 @@ def test_spawned_backward_reports_nonfinite_and_keeps_the_shared_adapter(tiny_ll
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from deltaserve_core.activation_buffer import ActivationBuffer, capture_forward
+    from deltaserve_core.activation_buffer import ActivationBuffer
     from deltaserve_core.backward_process import BackwardProcess
+    from deltaserve_core.testing.capture import capture_forward
 
     from test_exactness import make_batches  # tests/ is on sys.path
 

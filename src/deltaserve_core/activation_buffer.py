@@ -12,12 +12,13 @@ Three processes touch one buffer, each through its own (unpickled) copy of this 
   :meth:`release`\\ s them.
 
 Nothing is copied between them: all state lives in shared memory. Token/label/slot metadata and the small control
-block are always CPU arrays backed by files in ``/dev/shm`` (so a plain ``pickle`` round trip re-maps them; this
-matters because some hosts ship sinks to their workers with ``pickle``/``cloudpickle`` rather than through
-``torch.multiprocessing``). The activations themselves are ``[num_layers, capacity_tokens, hidden]``: in ``/dev/shm``
-on CPU, or a CUDA tensor shared through CUDA IPC (the pickled form carries the IPC handle; the creating process
-must outlive every user), or in host shared memory with ``offload_to_host=True`` when GPU memory is short (each
-layer input is copied device→host as it is captured and streamed back by the backward process layer by layer).
+block are always CPU arrays backed by files in ``/dev/shm`` (:mod:`deltaserve_core.shared_memory`; a plain
+``pickle`` round trip re-maps them; this matters because some hosts ship sinks to their workers with
+``pickle``/``cloudpickle`` rather than through ``torch.multiprocessing``). The activations themselves are
+``[num_layers, capacity_tokens, hidden]``: in ``/dev/shm`` on CPU, or a CUDA tensor shared through CUDA IPC (the
+pickled form carries the IPC handle; the creating process must outlive every user), or in host shared memory with
+``offload_to_host=True`` when GPU memory is short (each layer input is copied device→host as it is captured and
+streamed back by the backward process layer by layer).
 
 Slot life cycle (``state`` column of the slot table; each transition has exactly one writing process, which is
 what makes the table safe without a cross-process lock)::
@@ -37,17 +38,16 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .shared_memory import SharedArray, pin_host_memory, unpin_host_memory
 from .types import FineTuneSample
 
 __all__ = [
@@ -56,115 +56,11 @@ __all__ = [
     "CapturedSample",
     "Slot",
     "SlotState",
-    "SharedArray",
-    "SharedFlag",
-    "ForwardAborted",
-    "capture_forward",
 ]
-
-_SHM_DIR = os.environ.get("DELTASERVE_SHM_DIR", "/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
 
 
 class ActivationBufferError(RuntimeError):
     """Misuse of the buffer by a host or the controller (unknown sample, layer out of order, double reserve)."""
-
-
-# --------------------------------------------------------------------------------------------- shared memory
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-class SharedArray:
-    """A CPU tensor mapped from a file in ``/dev/shm``, picklable by *name* with any pickler.
-
-    Created by whoever owns the resource (the buffer, the backward-process controller); unpickling in another
-    process maps the same pages. ``torch.from_file(shared=True)`` is used rather than ``share_memory_()``
-    because the latter's handles only survive ``torch.multiprocessing``'s pickler, not plain ``pickle``.
-    The owner unlinks the file on :meth:`close` or garbage collection; processes that already mapped it keep
-    their mapping (POSIX semantics), later unpicklers fail with a clear error.
-    """
-
-    def __init__(self, shape: Sequence[int], dtype: torch.dtype, *, fill: float | int | None = 0,
-                 directory: str | None = None, _path: str | None = None) -> None:
-        self.shape = tuple(int(s) for s in shape)
-        self.dtype = dtype
-        numel = max(1, int(np.prod(self.shape)))
-        self.owner = _path is None
-        if _path is None:
-            d = directory or _SHM_DIR
-            _path = os.path.join(d, f"deltaserve-{os.getpid()}-{uuid.uuid4().hex[:12]}.bin")
-        elif not os.path.exists(_path):
-            raise ActivationBufferError(
-                f"shared array {_path} no longer exists: the process that created it closed it or exited; "
-                "unpickle DeltaServe shared objects only while their creator is alive"
-            )
-        self.path = _path
-        flat = torch.from_file(_path, shared=True, size=numel, dtype=dtype)
-        self.tensor = flat[: int(np.prod(self.shape))].view(self.shape) if self.shape else flat[:1].view(())
-        if self.owner:
-            if fill is not None:
-                self.tensor.fill_(fill)
-            self._finalizer = weakref.finalize(self, _unlink_quietly, _path)
-
-    def numpy(self) -> np.ndarray:
-        """A numpy view of the same pages (used on hot paths: numpy scalar access costs ~100 ns, torch ~2 µs)."""
-        return self.tensor.numpy()
-
-    def close(self) -> None:
-        if self.owner:
-            self._finalizer()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_open_shared_array, (self.path, self.shape, self.dtype))
-
-
-def _open_shared_array(path: str, shape: tuple[int, ...], dtype: torch.dtype) -> SharedArray:
-    return SharedArray(shape, dtype, _path=path)
-
-
-class SharedFlag:
-    """A boolean visible to every process that holds (a pickled copy of) it; used for the GPU grant.
-
-    ``set``/``clear`` are single stores to shared memory, ``is_set`` a single load: cheap enough to check at
-    every layer boundary. :meth:`wait` polls (sleeping ``poll_s`` between looks) because a futex-style wait would
-    need a lock that plain pickle cannot carry.
-    """
-
-    def __init__(self, initial: bool = True) -> None:
-        self._arr = SharedArray((1,), torch.int32, fill=int(initial))
-        self._np = self._arr.numpy()
-
-    def set(self) -> None:
-        self._np[0] = 1
-
-    def clear(self) -> None:
-        self._np[0] = 0
-
-    def is_set(self) -> bool:
-        return bool(self._np[0])
-
-    def wait(self, timeout: float | None = None, poll_s: float = 0.001) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._np[0]:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(poll_s)
-        return True
-
-    def close(self) -> None:
-        self._arr.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"arr": self._arr}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._arr = state["arr"]
-        self._np = self._arr.numpy()
 
 
 # --------------------------------------------------------------------------------------------- slot records
@@ -197,10 +93,6 @@ class Slot:
     offset: int
     num_tokens: int
     state: int
-
-    @property
-    def state_name(self) -> str:
-        return SlotState.NAMES.get(self.state, str(self.state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +171,7 @@ class ActivationBuffer:
         if self.device.type == "cpu" or self.offload_to_host:
             self._data_shm = SharedArray(shape, dtype, fill=None)
             self.data = self._data_shm.tensor
-            self._pinned = self.offload_to_host and _pin_host_memory(self.data)
+            self._pinned = self.offload_to_host and pin_host_memory(self.data)
         else:
             self.data = torch.empty(shape, dtype=dtype, device=self.device)
             _LIVE_CUDA[self._uid] = self.data
@@ -316,7 +208,7 @@ class ActivationBuffer:
         if self._data_shm is not None:
             self.data = self._data_shm.tensor
             # page-locking is per process: register this process's mapping
-            self._pinned = self.offload_to_host and _pin_host_memory(self.data)
+            self._pinned = self.offload_to_host and pin_host_memory(self.data)
         else:
             pid, (rebuild, args) = cuda
             live = _LIVE_CUDA.get(self._uid)
@@ -329,7 +221,7 @@ class ActivationBuffer:
         Called by the controller at shutdown, after the host and the backward process stopped using the buffer.
         """
         if self._pinned:
-            _unpin_host_memory(self.data.data_ptr())
+            unpin_host_memory(self.data.data_ptr())
             self._pinned = False
         if not self._owner:
             return
@@ -337,10 +229,6 @@ class ActivationBuffer:
             if arr is not None:
                 arr.close()
         _LIVE_CUDA.pop(self._uid, None)
-
-    @property
-    def bytes_per_token(self) -> int:
-        return self.num_layers * self.hidden_size * self.data.element_size()
 
     # ------------------------------------------------------------------------------ controller: admission
 
@@ -609,112 +497,3 @@ class ActivationBuffer:
 
     def captured_many(self, sample_ids: Iterable[int]) -> list[CapturedSample]:
         return [self.captured(s) for s in sample_ids]
-
-
-# Page-locked ranges this process registered with CUDA: {start address: size}. A registration outlives the
-# mapping it was made for unless undone, and a later mapping at the same addresses then fails to register with
-# "already mapped" (and leaves CUDA's last-error set, which the next kernel launch reports as its own failure).
-_PINNED: dict[int, int] = {}
-
-
-def _clear_cuda_last_error() -> None:
-    """Reset CUDA's per-thread last error after a failed runtime call torch does not check itself."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line}
-        for path in paths:
-            ctypes.CDLL(path).cudaGetLastError()
-    except Exception:  # pragma: no cover - non-Linux or unusual runtime layout
-        pass
-
-
-def _unpin_host_memory(ptr: int) -> None:
-    if _PINNED.pop(ptr, None) is not None:
-        try:
-            if int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0:
-                _clear_cuda_last_error()
-        except Exception:  # pragma: no cover
-            pass
-
-
-def _pin_host_memory(t: torch.Tensor) -> bool:
-    """Page-lock shared host memory so device→host copies can be asynchronous; best effort.
-
-    Pageable memory still works (copies become synchronous), so every failure here degrades, never raises.
-    """
-    if not torch.cuda.is_available():
-        return False
-    ptr, size = t.data_ptr(), t.numel() * t.element_size()
-    for old, old_size in list(_PINNED.items()):
-        if old < ptr + size and ptr < old + old_size:  # stale registration of a mapping that is gone
-            _unpin_host_memory(old)
-    try:
-        rc = int(torch.cuda.cudart().cudaHostRegister(ptr, size, 0))
-    except Exception:  # pragma: no cover - depends on the driver
-        return False
-    if rc != 0:
-        _clear_cuda_last_error()
-        return False
-    _PINNED[ptr] = size
-    return True
-
-
-def shm_dir() -> Path:
-    """Directory where DeltaServe's shared arrays live (``DELTASERVE_SHM_DIR`` overrides)."""
-    return Path(_SHM_DIR)
-
-
-# --------------------------------------------------------------------------------------------- a minimal host
-
-
-class ForwardAborted(RuntimeError):
-    """Raised inside :func:`capture_forward`'s layer hook to stop an aborted fine-tuning-only step."""
-
-
-def capture_forward(model: torch.nn.Module, sink: Any, step_id: int, samples: Sequence[FineTuneSample], *,
-                    finetune_only: bool = True) -> tuple[list[int], list[int]]:
-    """Run ``samples`` through a transformers (optionally PEFT-wrapped) causal LM and feed ``sink`` like a host.
-
-    The smallest faithful host capture: a forward pre-hook on every decoder layer hands the layer's input to
-    ``sink.layer_input`` (and, for a fine-tuning-only step, checks ``sink.should_abort`` first, stopping the forward
-    at that layer boundary). Samples run one at a time, unpadded. Returns ``(completed, aborted)`` sample ids after
-    calling ``sink.end_step``. Used by tests and benchmarks, and as an executable statement of the capture contract
-    for host adapters.
-    """
-    from .lora_backward import decoder_parts
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = decoder_parts(base)[1]
-    current: list[int] = [-1]
-
-    def make_hook(index: int) -> Any:
-        def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if finetune_only and sink.should_abort(step_id):
-                raise ForwardAborted(f"step {step_id} aborted before layer {index}")
-            hidden = args[0] if args else kwargs["hidden_states"]
-            sink.layer_input(step_id, index, current[0], hidden[0])
-        return pre_hook
-
-    sink.begin_step(step_id, samples)
-    handles = [layer.register_forward_pre_hook(make_hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    device = next(model.parameters()).device
-    done: list[int] = []
-    aborted: list[int] = []
-    try:
-        with torch.no_grad():
-            for s in samples:
-                current[0] = s.sample_id
-                # logits only for the last position, as serving engines do (a full-vocabulary head over every row
-                # would dwarf a layer and delay the next abort check)
-                model(input_ids=torch.tensor(s.input_ids, dtype=torch.long, device=device)[None], use_cache=False,
-                      logits_to_keep=1)
-                done.append(s.sample_id)
-    except ForwardAborted:
-        done, aborted = [], [s.sample_id for s in samples]
-    finally:
-        for h in handles:
-            h.remove()
-    sink.end_step(step_id, done, aborted)
-    return done, aborted

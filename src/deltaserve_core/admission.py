@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import enum
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, filterfalse, islice, repeat
-from operator import add, attrgetter, itemgetter, mul
+from itertools import accumulate, islice, repeat
+from operator import add, attrgetter, mul
 from typing import Protocol, runtime_checkable
 
+from .finetune_data.pool import InMemoryPool
 from .latency_model import LatencyModel, eq1_time, eq2_time
 from .slo import SLOConfig, StepBudget, step_budget
 from .types import ExecutionMode, FineTuneSample, ProposedBatch
@@ -359,84 +360,3 @@ def admit(
     return Admission(model, slo, mixed_batches=mixed_batches, max_ft_tokens_per_step=max_ft_tokens_per_step,
                      ft_only_budget_s=ft_only_budget_s, decode_mode=decode_mode).decide(
         batch, pool=pool, backward_running=backward_running, buffer_free_tokens=buffer_free_tokens)
-
-
-_third = itemgetter(2)
-_order = itemgetter(0, 1)
-
-
-class InMemoryPool:
-    """A minimal :class:`AdmissionPool` over a list of samples, ordered by ``(num_tokens, sample_id)``.
-
-    Used by tests and the admission benchmark, and as the reference behaviour the fine-tuning data manager's
-    pool must match. Entries before ``_head`` are consumed; admission almost always claims the shortest
-    samples, so a claim usually just moves the head (O(k) C-level work, no per-sample bookkeeping), and
-    :meth:`release` of the latest claim (an aborted step) moves it back. Claims elsewhere are recorded in a
-    set and skipped lazily.
-    """
-
-    def __init__(self, samples: Sequence[FineTuneSample] = ()) -> None:
-        self._items: list[tuple[int, int, FineTuneSample]] = sorted(
-            ((s.num_tokens, s.sample_id, s) for s in samples), key=_order)
-        if len({t[1] for t in self._items}) != len(self._items):
-            raise ValueError("InMemoryPool: sample_id values must be unique")
-        self._claimed: set[int] = set()  # claimed ids whose entries are still at or after _head
-        self._head = 0
-
-    def __len__(self) -> int:
-        return len(self._items) - self._head - len(self._claimed)
-
-    def iter_by_length(self) -> Iterator[FineTuneSample]:
-        # C-level iterators: admission walks this on the critical path, a generator frame per item costs more.
-        live = map(_third, islice(self._items, self._head, None))
-        if not self._claimed:
-            return live
-        claimed = self._claimed
-        return filterfalse(lambda s: s.sample_id in claimed, live)
-
-    def _find(self, sample: FineTuneSample) -> int:
-        """Index of ``sample``'s live entry (at or after the head), or -1."""
-        key = (sample.num_tokens, sample.sample_id)
-        idx = bisect_left(self._items, key, lo=self._head, key=_order)
-        if idx < len(self._items) and self._items[idx][1] == sample.sample_id:
-            return idx
-        return -1
-
-    def claim(self, samples: Sequence[FineTuneSample]) -> None:
-        head, k = self._head, len(samples)
-        if not self._claimed and list(map(_third, self._items[head:head + k])) == list(samples):
-            self._head = head + k  # the usual case: admission took the shortest samples
-            self._maybe_compact()
-            return
-        for s in samples:
-            if self._find(s) < 0 or s.sample_id in self._claimed:
-                raise ValueError(f"fine-tuning sample {s.sample_id} is not in the pool (already claimed?)")
-            self._claimed.add(s.sample_id)
-        items = self._items
-        while self._head < len(items) and items[self._head][1] in self._claimed:
-            self._claimed.discard(items[self._head][1])
-            self._head += 1
-        self._maybe_compact()
-
-    def release(self, samples: Sequence[FineTuneSample]) -> None:
-        """Return claimed samples to the pool (they become admissible again, in length order)."""
-        head, k = self._head, len(samples)
-        if k and k <= head and list(map(_third, self._items[head - k:head])) == list(samples):
-            self._head = head - k  # undo of the latest prefix claim: the entries are still in place
-            return
-        for s in samples:
-            if s.sample_id in self._claimed:
-                self._claimed.discard(s.sample_id)
-                continue
-            if self._find(s) >= 0:
-                raise ValueError(f"fine-tuning sample {s.sample_id} is in the pool already; only claimed "
-                                 "samples can be released")
-            key = (s.num_tokens, s.sample_id)
-            self._items.insert(bisect_left(self._items, key, lo=self._head, key=_order),
-                               (s.num_tokens, s.sample_id, s))
-
-    def _maybe_compact(self) -> None:
-        # Consumed entries are dropped in bulk, rarely, so the common claim never pays for a list shift.
-        if self._head > 4096 and self._head * 2 > len(self._items):
-            del self._items[:self._head]
-            self._head = 0

@@ -56,9 +56,8 @@ import os
 import queue
 import signal
 import time
-import traceback
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +65,23 @@ import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from .activation_buffer import ActivationBuffer, SharedArray, SharedFlag
-from .adapter_state import LoraAdapterState, LoraConfigSpec
-from .checkpoint import Checkpoint, load_latest, save_checkpoint
-from .lora_backward import BackwardBatcher, BackwardCancelled, StepResult, TrainerConfig
+from .activation_buffer import ActivationBuffer
+from .adapter_state import LoraAdapterState
+from .backward_child import (
+    _CANCEL,
+    _HEARTBEAT,
+    _NCTL,
+    _PAUSED_AT,
+    _STATE,
+    _STEP,
+    STATE_NAMES,
+    BackwardReport,
+    _child_main,
+    _ChildSpec,
+)
+from .checkpoint import Checkpoint, load_latest
+from .lora_backward import TrainerConfig
+from .shared_memory import SharedArray, SharedFlag
 
 __all__ = [
     "BackwardProcess",
@@ -80,44 +92,9 @@ __all__ = [
     "mps_hint",
 ]
 
-# shared control words (float64), written by the child unless noted
-_HEARTBEAT, _STATE, _PAUSED_AT, _RESUMED_AT, _STEP, _CANCEL, _PID, _LAYER, _NCTL = range(9)
-STATE_NAMES = {0: "starting", 1: "idle", 2: "training", 3: "paused", 4: "stopped", 5: "saving"}
-_STARTING, _IDLE, _TRAINING, _PAUSED, _STOPPED, _SAVING = range(6)
-
 
 class BackwardProcessError(RuntimeError):
     """The backward process died, hung, or did not answer in time."""
-
-
-@dataclass(frozen=True, slots=True)
-class BackwardReport:
-    """One message from the backward process (or, for ``died``, about it).
-
-    ``kind``: ``ready`` (started; ``step`` and ``extra`` of the checkpoint it resumed from, if any), ``step`` (an
-    optimizer step finished; ``layer_times_s[l]`` is layer ``l``'s recompute+backward time, pauses excluded),
-    ``nonfinite`` (the batch was trained but its loss, gradients or new weights were not finite, so the step was
-    skipped: adapter, optimizer state and ``step`` unchanged, the samples consumed; ``message`` says which),
-    ``checkpoint`` (``path`` written), ``cancelled`` (adapter unchanged, samples still READY in the buffer),
-    ``error`` (``message`` holds the traceback; the adapter is unchanged, the samples stay READY for the controller to
-    retry or release, and the process keeps running), ``died`` (``exitcode``), ``stopped``.
-    """
-
-    kind: str
-    cmd_id: int = -1
-    step: int = 0
-    loss: float | None = None
-    sample_ids: tuple[int, ...] = ()
-    tokens: int = 0
-    target_tokens: int = 0
-    duration_s: float = 0.0
-    paused_s: float = 0.0
-    path: str | None = None
-    message: str = ""
-    exitcode: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    layer_times_s: tuple[float, ...] = ()
-    time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,200 +127,6 @@ def mps_hint() -> str:
             "overlapped. Start one with `nvidia-cuda-mps-control -d` (see deltaserve_core.backward_process)")
 
 
-@dataclass
-class _ChildSpec:
-    model: nn.Module
-    adapter_name: str
-    adapter_version: int
-    adapter_config: LoraConfigSpec
-    base_model_path: str
-    adapter_tensors: dict[str, torch.Tensor]
-    buffer: ActivationBuffer
-    config: TrainerConfig
-    grant: SharedFlag
-    control: SharedArray
-    commands: Any
-    reports: Any
-    checkpoint_dir: str | None
-    keep_checkpoints: int
-    resume: bool
-    torch_threads: int | None
-    sync_each_layer: bool
-    pause_poll_s: float
-    release_consumed: bool
-
-
-def _step_kind(result: StepResult) -> str:
-    return "nonfinite" if result.nonfinite else "step"
-
-
-def _nonfinite_message(result: StepResult) -> str:
-    if not result.nonfinite:
-        return ""
-    return (f"batch of samples {list(result.sample_ids)} skipped: its {result.nonfinite} were not finite (loss "
-            f"{result.loss}); the adapter and the optimizer state are unchanged at step {result.step}")
-
-
-def _child_main(spec: _ChildSpec) -> None:
-    """Entry point of the spawned backward process: build the trainer on the shared tensors, then serve commands."""
-    from .lora_backward import LoraBackward
-
-    # The controller stops this process (stop command, kill). A terminal's Ctrl-C, `timeout` and systemd signal the
-    # whole process group: ignoring them here lets the controller write its final checkpoint first. A child whose
-    # controller is gone (killed outright) exits by itself: see `orphaned`.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    parent = os.getppid()
-
-    def orphaned() -> bool:
-        return os.getppid() != parent
-    ctl = spec.control.numpy()
-    ctl[_PID] = os.getpid()
-    ctl[_HEARTBEAT] = time.monotonic()
-    if spec.torch_threads:
-        torch.set_num_threads(spec.torch_threads)
-    model = spec.model
-    model.eval()  # the host's forward applies no dropout; the recompute must match it
-    adapter = LoraAdapterState(spec.adapter_name, spec.adapter_version, spec.adapter_config, spec.adapter_tensors,
-                               spec.base_model_path)
-    trainer = LoraBackward(model, adapter, spec.config)
-    cuda = trainer.device.type == "cuda"
-    trainer.sync_timing = cuda and spec.sync_each_layer
-    resumed: Checkpoint | None = None
-    if spec.resume and spec.checkpoint_dir:
-        resumed = load_latest(spec.checkpoint_dir, map_location=trainer.device)
-        if resumed is not None:
-            trainer.load_adapter_tensors(resumed.adapter.tensors)
-            if resumed.optimizer_state is not None:
-                trainer.load_optimizer_state(resumed.optimizer_state, resumed.step)
-            else:
-                trainer.step = resumed.step
-    ctl[_STEP] = trainer.step
-    paused_total = [0.0]
-
-    def beat() -> None:
-        ctl[_HEARTBEAT] = time.monotonic()
-
-    def grant() -> None:
-        # called at every unit boundary (layer x sample, output head): keep it to a few shared-memory loads/stores.
-        # On CUDA the trainer already synchronised after the unit (sync_timing), so a pause leaves no queued work.
-        beat()
-        if ctl[_CANCEL]:
-            raise BackwardCancelled("cancelled by the controller")
-        if spec.grant.is_set():
-            return
-        t0 = time.monotonic()
-        ctl[_PAUSED_AT] = t0
-        ctl[_STATE] = _PAUSED
-        while not spec.grant.is_set():
-            time.sleep(spec.pause_poll_s)
-            beat()
-            if orphaned():
-                os._exit(0)
-            if ctl[_CANCEL]:
-                raise BackwardCancelled("cancelled by the controller while paused")
-        t1 = time.monotonic()
-        ctl[_RESUMED_AT] = t1
-        ctl[_STATE] = _TRAINING
-        paused_total[0] += t1 - t0
-
-    spec.reports.put(BackwardReport("ready", step=trainer.step, path=str(resumed.path) if resumed else None,
-                                    extra=resumed.extra if resumed else {}, time=time.monotonic()))
-    ctl[_STATE] = _IDLE
-    while True:
-        beat()
-        try:
-            cmd = spec.commands.get(timeout=0.05)
-        except queue.Empty:
-            if orphaned():
-                return
-            continue
-        kind, cmd_id, payload = cmd
-        if kind == "stop":
-            ctl[_STATE] = _STOPPED
-            spec.reports.put(BackwardReport("stopped", cmd_id, step=trainer.step, time=time.monotonic()))
-            return
-        if kind == "accumulate":
-            # one part of a larger optimizer step (see LoraBackward.accumulate); a failure drops the whole open step,
-            # and the report names every sample of it so the controller can hand them back
-            ctl[_STATE] = _TRAINING
-            held = trainer.accumulated_ids
-            try:
-                samples = spec.buffer.captured_many(payload)
-                trainer.accumulate(samples, grant)
-            except BackwardCancelled as exc:
-                spec.reports.put(BackwardReport("cancelled", cmd_id, step=trainer.step,
-                                                sample_ids=held + tuple(payload), message=str(exc),
-                                                time=time.monotonic()))
-            except Exception:
-                trainer.drop_accumulated()
-                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step, sample_ids=held + tuple(payload),
-                                                message=traceback.format_exc(), time=time.monotonic()))
-            else:
-                if cuda:
-                    torch.cuda.synchronize(trainer.device)  # before the parent may overwrite the released slots
-                if spec.release_consumed:
-                    for sid in payload:
-                        spec.buffer.release(sid)
-                spec.reports.put(BackwardReport("accumulated", cmd_id, step=trainer.step, sample_ids=tuple(payload),
-                                                time=time.monotonic()))
-            ctl[_CANCEL] = 0
-            ctl[_STATE] = _IDLE
-            continue
-        if kind in ("train", "apply"):
-            ctl[_STATE] = _TRAINING
-            paused_total[0] = 0.0
-            held = trainer.accumulated_ids
-            try:
-                if kind == "apply":
-                    result = trainer.apply_accumulated(grant)
-                else:
-                    samples = spec.buffer.captured_many(payload)
-                    result = trainer.train_step(samples, grant)
-            except BackwardCancelled as exc:
-                trainer.drop_accumulated()
-                spec.reports.put(BackwardReport("cancelled", cmd_id, step=trainer.step,
-                                                sample_ids=held + tuple(payload or ()),
-                                                message=str(exc), time=time.monotonic()))
-            except Exception:
-                trainer.drop_accumulated()
-                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step,
-                                                sample_ids=held + tuple(payload or ()),
-                                                message=traceback.format_exc(), time=time.monotonic()))
-            else:
-                if cuda:
-                    # the parent reads the adapter and may overwrite released slots as soon as it hears back
-                    torch.cuda.synchronize(trainer.device)
-                if spec.release_consumed and kind == "train":
-                    for sid in result.sample_ids:
-                        spec.buffer.release(sid)
-                ctl[_STEP] = trainer.step
-                spec.reports.put(BackwardReport(
-                    _step_kind(result), cmd_id, step=result.step, loss=result.loss, sample_ids=result.sample_ids,
-                    tokens=result.tokens, target_tokens=result.target_tokens, duration_s=result.duration_s,
-                    paused_s=paused_total[0], layer_times_s=result.layer_times_s,
-                    message=_nonfinite_message(result), time=time.monotonic()))
-            ctl[_CANCEL] = 0  # a cancel request applies to one batch only
-            ctl[_STATE] = _IDLE
-        elif kind == "save":
-            ctl[_STATE] = _SAVING
-            try:
-                if not spec.checkpoint_dir:
-                    raise ValueError("this BackwardProcess has no checkpoint_dir")
-                path = save_checkpoint(spec.checkpoint_dir, trainer.adapter_state(), trainer.optimizer_state(),
-                                       trainer.step, payload, keep_last=spec.keep_checkpoints)
-            except Exception:
-                spec.reports.put(BackwardReport("error", cmd_id, step=trainer.step, message=traceback.format_exc(),
-                                                time=time.monotonic()))
-            else:
-                spec.reports.put(BackwardReport("checkpoint", cmd_id, step=trainer.step, path=str(path),
-                                                extra=dict(payload), time=time.monotonic()))
-            ctl[_STATE] = _IDLE
-        else:
-            spec.reports.put(BackwardReport("error", cmd_id, message=f"unknown command {kind!r}",
-                                            time=time.monotonic()))
-
-
 class BackwardProcess:
     """Controller-side handle of the backward process (one per fine-tuning job).
 
@@ -353,7 +136,7 @@ class BackwardProcess:
         adapter: initial adapter; on CPU its tensors are copied once into shared memory (CUDA tensors are used as
             they are), and those become the live trainable weights exposed as :attr:`adapter`.
         buffer: the activation buffer the host feeds.
-        config: optimizer and batching settings (``backward_batch_tokens`` drives :meth:`submit_captured`).
+        config: optimizer and batching settings.
         checkpoint_dir, keep_checkpoints: where ``save`` commands write and restarts resume from.
         hang_timeout_s: heartbeat age after which the child counts as hung. The heartbeat beats at every layer
             boundary and every 50 ms when idle or paused, so this must exceed one layer's backward time.
@@ -400,7 +183,6 @@ class BackwardProcess:
         self._backlog: list[BackwardReport] = []
         self._died_reported = False
         self._stopping = False
-        self.batcher = BackwardBatcher(config.backward_batch_tokens)
         self.last_step = 0
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -495,7 +277,6 @@ class BackwardProcess:
                     t.copy_(self._initial[k])
         if reset_buffer:
             self.buffer.reset()
-        self.batcher.clear()
         self._in_flight.clear()
         self._backlog.clear()
         self.start(resume=True)
@@ -542,29 +323,6 @@ class BackwardProcess:
     def apply(self) -> int:
         """Apply the open optimizer step (after every queued :meth:`accumulate`); reported as a ``step``."""
         return self._send("apply", None)
-
-    def submit_captured(self, sample_ids: Sequence[int]) -> int | None:
-        """Add samples whose capture completed; dispatch a batch once ``backward_batch_tokens`` is reached.
-
-        Called by the controller after each step that carried fine-tuning rows, with the step's completed ids.
-        Returns the command id of a dispatched batch, else ``None``.
-        """
-        batch = None
-        for sid in sample_ids:
-            slot = self.buffer.slot(sid)
-            if slot is None:
-                raise BackwardProcessError(f"sample {sid} holds no buffer slot")
-            got = self.batcher.add(sid, slot.num_tokens)
-            if got is not None:
-                if batch is not None:  # pragma: no cover - a second batch inside one call: send the first now
-                    self.train_batch(batch)
-                batch = got
-        return self.train_batch(batch) if batch is not None else None
-
-    def flush(self) -> int | None:
-        """Dispatch a partial batch (end of data, or before a checkpoint)."""
-        batch = self.batcher.flush()
-        return self.train_batch(batch) if batch else None
 
     def save_checkpoint(self, extra: Mapping[str, Any] | None = None) -> int:
         """Ask the child to write a checkpoint (after any queued training); ``extra`` must be JSON-serialisable."""

@@ -45,7 +45,7 @@ def make_temp_dir(kind: str) -> Path:
 def clean_stale_files(shm_dir: str | os.PathLike[str] | None = None,
                       temp_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Remove shared-memory segments and temp folders whose creating process is gone; returns what was removed."""
-    from .activation_buffer import shm_dir as default_shm_dir
+    from .shared_memory import shm_dir as default_shm_dir
 
     removed: list[Path] = []
     for root, pattern in ((Path(shm_dir) if shm_dir else default_shm_dir(), _SHM_NAME),

@@ -1,9 +1,9 @@
 """The exact LoRA backward: layer-by-layer recomputation from saved layer inputs, then AdamW.
 
-What "exact" means here is fixed by :func:`plain_peft_step`, the reference every test compares against: one
-optimizer step per backward batch; each sample runs alone (no padding) through a transformers + PEFT model; the
-loss is transformers' own causal-LM loss over the sample's target tokens, summed over the batch and divided by the
-batch's total number of target tokens (``labels`` with ``-100`` on non-targets, ``num_items_in_batch`` = that
+What "exact" means here is fixed by :func:`~deltaserve_core.peft_steps.plain_peft_step`, the reference every test
+compares against: one optimizer step per backward batch; each sample runs alone (no padding) through a
+transformers + PEFT model; the loss is transformers' own causal-LM loss over the sample's target tokens, summed
+over the batch and divided by the batch's total number of target tokens (``labels`` with ``-100`` on non-targets, ``num_items_in_batch`` = that
 total); ``torch.optim.AdamW`` steps once after all samples' gradients accumulated.
 
 :class:`LoraBackward` reaches the same gradients without the forward pass of that loop, because the host already
@@ -35,7 +35,6 @@ in-process in tests and benchmarks.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import threading
 import time
@@ -50,18 +49,13 @@ from torch import nn
 
 from .activation_buffer import CapturedSample
 from .adapter_state import LoraAdapterState, all_finite
-from .types import FineTuneSample
+from .model_parts import attention_without_cudnn, decoder_parts, pack_groups, transformers_packs
 
 __all__ = [
-    "BackwardBatcher",
     "BackwardCancelled",
     "LoraBackward",
     "StepResult",
     "TrainerConfig",
-    "decoder_parts",
-    "pack_groups",
-    "packed_peft_step",
-    "plain_peft_step",
 ]
 
 _PEFT_PREFIX = "base_model.model."
@@ -122,71 +116,6 @@ class StepResult:
 def samples_meta(samples: Sequence[CapturedSample]) -> list[tuple[int, int, int]]:
     """(sample id, tokens, target tokens) of each sample: what an open optimizer step remembers of its parts."""
     return [(s.sample_id, s.num_tokens, s.num_targets) for s in samples]
-
-
-def decoder_parts(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module, nn.Module, str]:
-    """``(decoder, layers, final_norm, lm_head, layers_path)`` of a transformers causal LM.
-
-    ``layers_path`` is the dotted path of the layer list inside ``model`` (``"model.layers"`` for Llama-style
-    families), which is how PEFT keys name the adapted modules.
-    """
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
-    norm = getattr(decoder, "norm", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if decoder is None or not isinstance(layers, nn.ModuleList) or norm is None or head is None:
-        raise NotImplementedError(
-            f"{type(model).__name__} does not look like a decoder-only causal LM with `.layers`, a final `.norm` "
-            "and an output head; DeltaServe's backward supports Llama-style families (Llama, Mistral, SmolLM2, Qwen2, Qwen3)"
-        )
-    cfg = getattr(model, "config", None)
-    for attr in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        value = getattr(cfg, attr, None)
-        if value not in (None, 1, 1.0):
-            raise NotImplementedError(
-                f"{type(model).__name__} post-processes logits ({attr}={value}); the backward's loss head does not "
-                "implement that yet"
-            )
-    path = next((name for name, mod in model.named_modules() if mod is layers), None)
-    if path is None:
-        raise NotImplementedError(f"could not locate the decoder layer list inside {type(model).__name__}")
-    return decoder, layers, norm, head, path
-
-
-def pack_groups(lengths: Sequence[int], limit: int) -> list[list[int]]:
-    """Indices of sequences of ``lengths`` grouped greedily, in order, into groups of at most ``limit`` tokens.
-
-    A sequence longer than ``limit`` is a group of its own; ``limit <= 0`` puts every sequence in its own group.
-    """
-    groups: list[list[int]] = []
-    size = 0
-    for i, n in enumerate(lengths):
-        if not groups or limit <= 0 or size + n > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append(i)
-        size += n
-    return groups
-
-
-def _attention_without_cudnn(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """SDPA without its cuDNN backend. cuDNN builds an execution plan per new sequence length (measured on an H200:
-    ~150 ms per layer for a length not seen before vs ~5 ms on a repeated one), and packed units have a new length
-    almost every batch; flash / memory-efficient attention have no such cost. Same math, other kernels."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-@functools.cache
-def _transformers_packs() -> bool:
-    try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class _Probe(nn.Module):
@@ -284,7 +213,7 @@ class LoraBackward:
         self.device = first.device
         self.dtype = first.dtype
         #: tokens per packed unit actually used: 0 when the installed transformers cannot keep packed samples apart
-        self.pack_tokens = config.pack_tokens if config.pack_tokens <= 0 or _transformers_packs() else 0
+        self.pack_tokens = config.pack_tokens if config.pack_tokens <= 0 or transformers_packs() else 0
         if self.pack_tokens != config.pack_tokens:
             import warnings
 
@@ -414,7 +343,7 @@ class LoraBackward:
         layer_times = [0.0] * self.num_layers
         top = self.num_layers - 1
         sync = self.sync_timing and self.device.type == "cuda"
-        with torch.enable_grad(), self.lora_applied(), _attention_without_cudnn(self.device):
+        with torch.enable_grad(), self.lora_applied(), attention_without_cudnn(self.device):
             for li in range(top, -1, -1):
                 layer = self.layers[li]
                 need_input_grad = li > 0
@@ -630,93 +559,3 @@ class LoraBackward:
         """Full forward of ``input_ids`` (``[n]``) with the current adapter; ``[n, vocab]`` logits. For tests/evals."""
         with self.lora_applied():
             return self.model(input_ids=input_ids.to(self.device)[None], use_cache=False).logits[0]
-
-
-class BackwardBatcher:
-    """Collects captured samples until they make a backward batch of ``batch_tokens`` tokens.
-
-    Used by the controller side of the backward process: every sample whose capture completed is added; a
-    returned list is one optimizer step's batch. Order is preserved (the exactness reference trains in the same
-    order).
-    """
-
-    def __init__(self, batch_tokens: int = 256) -> None:
-        self.batch_tokens = int(batch_tokens)
-        self._ids: list[int] = []
-        self._tokens = 0
-
-    @property
-    def pending_tokens(self) -> int:
-        return self._tokens
-
-    @property
-    def pending(self) -> tuple[int, ...]:
-        return tuple(self._ids)
-
-    def add(self, sample_id: int, num_tokens: int) -> list[int] | None:
-        self._ids.append(int(sample_id))
-        self._tokens += int(num_tokens)
-        return self.flush() if self._tokens >= self.batch_tokens else None
-
-    def flush(self) -> list[int] | None:
-        if not self._ids:
-            return None
-        batch, self._ids, self._tokens = self._ids, [], 0
-        return batch
-
-    def clear(self) -> None:
-        self._ids, self._tokens = [], 0
-
-
-def plain_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer,
-                    samples: Sequence[FineTuneSample]) -> float:
-    """The reference training step that defines exactness (see the module docstring). Returns the batch loss.
-
-    Used by the exactness tests and the throughput benchmark; it is what a user would write with transformers and
-    PEFT: per-sample unpadded forward, HF's loss with ``num_items_in_batch``, one AdamW step per batch.
-    """
-    total_targets = sum(s.num_targets for s in samples)
-    device = next(peft_model.parameters()).device
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for s in samples:
-        ids = torch.tensor(s.input_ids, dtype=torch.long, device=device)[None]
-        labels = ids.clone()
-        labels[0, ~torch.tensor(s.loss_mask, device=device)] = -100
-        out = peft_model(input_ids=ids, labels=labels, num_items_in_batch=total_targets, use_cache=False)
-        out.loss.backward()
-        total += float(out.loss.detach())
-    optimizer.step()
-    return total
-
-
-def packed_peft_step(peft_model: nn.Module, optimizer: torch.optim.Optimizer, samples: Sequence[FineTuneSample],
-                     pack_tokens: int = 2048) -> float:
-    """:func:`plain_peft_step` the way a throughput-minded user writes it: transformers' padding-free packing.
-
-    Samples are concatenated into sequences of up to ``pack_tokens`` tokens (whole samples, in order) with
-    ``position_ids`` restarting per sample, which transformers turns into a block-diagonal causal mask (what
-    ``DataCollatorWithFlattening`` produces); each sample's first label is ``-100`` so no row predicts across a
-    boundary. Same loss and gradients as the per-sample loop up to rounding. The split-pool baseline's trainer uses
-    it, so the baseline batches as well as DeltaServe's packed backward does.
-    """
-    if pack_tokens <= 0 or not _transformers_packs():  # old transformers would attend across samples
-        return plain_peft_step(peft_model, optimizer, samples)
-    total_targets = sum(s.num_targets for s in samples)
-    device = next(peft_model.parameters()).device
-    groups = [[samples[i] for i in g] for g in pack_groups([s.num_tokens for s in samples], pack_tokens)]
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    with _attention_without_cudnn(device):  # same reason as in LoraBackward.backward
-        for group in groups:
-            ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.long, device=device)[None]
-            pos = torch.tensor([i for s in group for i in range(s.num_tokens)], dtype=torch.long, device=device)[None]
-            labels = ids.clone()
-            keep = torch.tensor([m and i > 0 for s in group for i, m in enumerate(s.loss_mask)], device=device)
-            labels[0, ~keep] = -100
-            out = peft_model(input_ids=ids, position_ids=pos, labels=labels, num_items_in_batch=total_targets,
-                             use_cache=False)
-            out.loss.backward()
-            total += float(out.loss.detach())
-    optimizer.step()
-    return total

@@ -95,7 +95,7 @@ def _modules_on_meta(model_dir: str | os.PathLike[str]) -> ModelModules:
     from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .lora_backward import decoder_parts
+    from .model_parts import decoder_parts
 
     config = AutoConfig.from_pretrained(str(model_dir))
     with init_empty_weights():

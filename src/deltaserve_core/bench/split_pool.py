@@ -95,7 +95,7 @@ def _child(spec: TrainerSpec, ctl: Any, out: Any) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from ..lora_backward import packed_peft_step
+    from ..peft_steps import packed_peft_step
     from ..types import FineTuneSample
 
     torch.set_num_threads(threads)
