@@ -40,6 +40,9 @@ from typing import IO, Literal
 __all__ = [
     "AssetError",
     "cache_dir",
+    "MODEL_SHORTCUTS",
+    "resolve_model",
+    "tiny_model_path",
     "demo_dataset_path",
     "smollm2_model_path",
     "sharegpt_path",
@@ -81,6 +84,44 @@ def cache_dir() -> Path:
     path = Path(root).expanduser() if root else Path.home() / ".cache" / "deltaserve"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+#: ``--model`` values that name a checkpoint this package can build or fetch itself.
+MODEL_SHORTCUTS = ("tiny", "smollm2")
+# The folder name is part of every calibration profile's key (the model path): serve, demo, bench and calibrate
+# must all build ``tiny`` here with these shapes, or a profile would be looked up under another model's key.
+_TINY_FOLDER = "tiny-llama-demo"
+_TINY_SHAPE = {"num_layers": 4, "hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2}
+
+
+def tiny_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """The ``tiny`` shortcut: a random-weight Llama built once under the cache (no download), reused afterwards."""
+    from .testing.tiny_model import build_tiny_llama
+
+    root = Path(cache) if cache is not None else cache_dir()
+    return build_tiny_llama(root / _TINY_FOLDER, **_TINY_SHAPE)
+
+
+def resolve_model(model: str) -> Path:
+    """The checkpoint folder a ``--model`` / ``MODEL`` argument names, for every command that takes one.
+
+    ``tiny`` is :func:`tiny_model_path`, ``smollm2`` is :func:`smollm2_model_path` (fetched and converted on first
+    use). Anything else must be an existing folder with a ``config.json``; it is returned absolute, because the
+    path keys the stored calibration profile and ``./m`` and ``/abs/m`` must find the same one. Otherwise
+    ``FileNotFoundError`` says what was wrong and what would work.
+    """
+    if model == "tiny":
+        return tiny_model_path()
+    if model == "smollm2":
+        return smollm2_model_path()
+    path = Path(model).expanduser()
+    hint = (f"pass a checkpoint folder (config.json + weights, as written by save_pretrained) or one of the "
+            f"shortcuts {', '.join(MODEL_SHORTCUTS)}")
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist; {hint}")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a checkpoint folder (no config.json); {hint}")
+    return path.resolve()
 
 
 def _say(message: str) -> None:

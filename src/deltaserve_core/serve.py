@@ -611,7 +611,7 @@ def run_serve(args: argparse.Namespace) -> int:
     api_key = resolve_api_key(args.api_key)
     rank_fix = f"or start with --max-lora-rank {job.lora.r}"
     check_job(job, None, max_lora_rank=args.max_lora_rank, how_to_raise_rank=rank_fix)
-    from .demo import resolve_model
+    from .assets import resolve_model
 
     model_dir = resolve_model(args.model)
     # the model's module names, from its safetensors headers (or its config.json on the meta device): refused

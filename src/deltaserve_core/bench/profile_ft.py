@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         install_calibration_adapter,
         load_or_calibrate,
     )
-    from ..demo import resolve_model
+    from ..assets import resolve_model
     from ..driver import HostConfig
     from ..registry import create_host
     from .runner import BenchConfig, _make_coserver, _StepRecorder

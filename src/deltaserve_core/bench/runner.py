@@ -463,7 +463,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         install_calibration_adapter,
         load_or_calibrate,
     )
-    from ..demo import resolve_model
+    from ..assets import resolve_model
     from ..driver import ClientRequest, HostConfig
     from .lengths import load_length_table, sharegpt_lengths
     from .traces import (
