@@ -64,7 +64,7 @@ _INSTALL, _PUBLISH = "install", "publish"
 #: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
 MAX_CONSECUTIVE_SAVE_FAILURES = 3
 
-log = logging.getLogger("deltaserve")
+log = logging.getLogger("deltaserve.coserve")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

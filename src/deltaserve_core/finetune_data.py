@@ -63,7 +63,7 @@ __all__ = [
     "samples_fingerprint",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("deltaserve.finetune_data")
 
 Format = Literal["auto", "alpaca", "sharegpt"]
 Overflow = Literal["truncate", "skip"]

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("deltaserve_core.finetune_data").setLevel(logging.ERROR)
+    logging.getLogger("deltaserve.finetune_data").setLevel(logging.ERROR)
 
     from transformers import AutoTokenizer
 

@@ -1204,7 +1204,7 @@ def format_table(result: dict[str, Any]) -> str:
 def run_bench_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     # the data report is printed once per co-served system otherwise (each builds its own pool)
-    logging.getLogger("deltaserve_core.finetune_data").setLevel(logging.ERROR)
+    logging.getLogger("deltaserve.finetune_data").setLevel(logging.ERROR)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cfg = config_from_args(args)
     result = run_bench(cfg)
