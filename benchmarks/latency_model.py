@@ -86,7 +86,8 @@ from deltaserve_core.calibration import (  # noqa: E402
     install_calibration_adapter,
     load_or_calibrate,
 )
-from deltaserve_core.calibration_cli import MODEL_SHORTCUTS, check_device, resolve_model  # noqa: E402
+from deltaserve_core.assets import MODEL_SHORTCUTS, resolve_model  # noqa: E402
+from deltaserve_core.calibration_cli import check_device  # noqa: E402
 from deltaserve_core.latency_model import (  # noqa: E402
     Equation,
     LatencyModel,

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from deltaserve_core.assets import demo_dataset_path  # noqa: E402
 from deltaserve_core.calibration import ProfileStore, load_or_calibrate  # noqa: E402
 from deltaserve_core.coserve import CoServer  # noqa: E402
-from deltaserve_core.demo import resolve_model  # noqa: E402
+from deltaserve_core.assets import resolve_model  # noqa: E402
 from deltaserve_core.driver import ClientRequest, HostConfig  # noqa: E402
 from deltaserve_core.job_config import CheckpointSpec, JobConfig, SLOSpec  # noqa: E402
 from deltaserve_core.registry import create_host  # noqa: E402

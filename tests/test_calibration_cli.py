@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.calibration_cli import add_calibrate_arguments, resolve_model, run_calibrate
+from deltaserve_core.assets import resolve_model
+from deltaserve_core.calibration_cli import add_calibrate_arguments, run_calibrate
 from deltaserve_core.cli import main
 from deltaserve_core.registry import UnknownHostError
 
@@ -111,8 +112,48 @@ def test_unknown_host_and_bad_limits_fail_before_any_model_is_built(tmp_path: Pa
 def test_tiny_shortcut_builds_once_under_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DELTASERVE_CACHE", str(tmp_path))
     path = resolve_model("tiny")
-    assert path == tmp_path / "models" / "tiny-llama" and (path / "config.json").is_file()
+    assert path == tmp_path / "tiny-llama-demo" and (path / "config.json").is_file()
     assert resolve_model("tiny") == path  # the second call reuses the folder
+
+
+class _HostConfigSeen(Exception):
+    """Raised in place of building a host: the command got as far as naming the model it would load."""
+
+
+def _model_the_command_loads(monkeypatch: pytest.MonkeyPatch, run: object, args: argparse.Namespace) -> str:
+    def host_config(**kwargs: object) -> None:
+        raise _HostConfigSeen(str(kwargs["model"]))
+
+    monkeypatch.setattr("deltaserve_core.driver.HostConfig", host_config)
+    with pytest.raises(_HostConfigSeen) as info:
+        run(args)  # type: ignore[operator]
+    return str(info.value)
+
+
+def test_calibrate_tiny_profiles_the_model_serve_tiny_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deltaserve calibrate --model tiny` once built another random Llama than `deltaserve serve tiny` loads, so
+    its profile was keyed (and measured) on a model the server never ran."""
+    from deltaserve_core.serve import add_serve_arguments, run_serve
+
+    monkeypatch.setenv("DELTASERVE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "train.json").write_text(json.dumps([{"instruction": "Say hi.", "input": "", "output": "Hi."}]))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"dataset: {tmp_path / 'train.json'}\nadapter_name: a\nslo: {{ttft_s: 5.0, tpot_s: 5.0}}\n"
+                   f"checkpoint: {{dir: {tmp_path / 'ckpt'}}}\n")
+    serve_parser = argparse.ArgumentParser()
+    add_serve_arguments(serve_parser)
+
+    calibrated = _model_the_command_loads(monkeypatch, run_calibrate,
+                                          parse("--model", "tiny", "--store", str(tmp_path / "p"), *SMALL))
+    served = _model_the_command_loads(monkeypatch, run_serve,
+                                      serve_parser.parse_args(["tiny", "--job", str(job), "--host", "reference"]))
+    assert calibrated == served == str(resolve_model("tiny"))
+
+
+def test_a_relative_model_folder_is_the_same_profile_key_as_its_absolute_path(
+        tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny_model.parent)
+    assert resolve_model(tiny_model.name) == resolve_model(str(tiny_model)) == tiny_model.resolve()
 
 
 @pytest.fixture(scope="module")

@@ -315,7 +315,7 @@ def test_max_length_skip_vs_truncate(tmp_path: Path, tokenizer) -> None:
 
 def test_report_is_logged(tmp_path: Path, tokenizer, caplog) -> None:
     lines = [json.dumps(ALPACA[0]), "{bad"]
-    with caplog.at_level("WARNING", logger="deltaserve_core.finetune_data"):
+    with caplog.at_level("WARNING", logger="deltaserve.finetune_data"):
         FinetuneDataset(DataConfig(write_lines(tmp_path / "a.jsonl", lines)), tokenizer)
     assert "line 2" in caplog.text and "1 malformed" in caplog.text
 

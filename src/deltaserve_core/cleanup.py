@@ -18,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["clean_stale_files", "make_temp_dir", "pid_alive"]
 
-log = logging.getLogger("deltaserve")
+log = logging.getLogger("deltaserve.cleanup")
 
 _SHM_NAME = re.compile(r"^deltaserve-(\d+)-[0-9a-f]+\.bin$")
 _TEMP_NAME = re.compile(r"^deltaserve-[a-z0-9]+-(\d+)-")

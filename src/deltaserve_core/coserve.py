@@ -65,7 +65,7 @@ _INSTALL, _PUBLISH = "install", "publish"
 #: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
 MAX_CONSECUTIVE_SAVE_FAILURES = 3
 
-log = logging.getLogger("deltaserve")
+log = logging.getLogger("deltaserve.coserve")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -582,8 +582,8 @@ class CoServer:
             # Paper §3.4: prefill reclaims the device from the backward within one layer. Where inference and
             # training share CPU cores, decode steps must reclaim it too, or their TPOT pays for the backward. So do
             # decode steps carrying fine-tuning rows (now that parts of a step train while later ones are
-            # forwarded): they are priced from calibration without a backward beside them, and on the H200 they
-            # ran up to 1.9x their prediction with one.
+            # forwarded): they are priced from calibration without a backward beside them, and with one beside
+            # them they ran well over that price on a GPU (docs/benchmarks.md).
             bw.grant.clear()
         if samples:
             kept = []

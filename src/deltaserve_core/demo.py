@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_demo_arguments", "run_demo", "resolve_model"]
+__all__ = ["add_demo_arguments", "run_demo"]
 
 _QUESTIONS = [
     "What is the capital of France?",
@@ -50,24 +50,6 @@ def add_demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="runs/demo", help="checkpoints and results go here")
     p.add_argument("--no-verify", action="store_true", help="skip replaying requests without DeltaServe")
     p.add_argument("--json", default=None, help="write the summary as JSON here")
-
-
-def resolve_model(spec: str) -> Path:
-    """``smollm2`` / ``tiny`` / a folder -> a local checkpoint folder (built or fetched once, then cached)."""
-    from .assets import cache_dir, smollm2_model_path
-
-    if spec == "smollm2":
-        return smollm2_model_path()
-    if spec == "tiny":
-        from .testing.tiny_model import build_tiny_llama
-
-        return build_tiny_llama(cache_dir() / "tiny-llama-demo", num_layers=4, hidden_size=256, intermediate_size=512,
-                                num_heads=4, num_kv_heads=2)
-    path = Path(spec)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"--model {spec!r} is neither 'smollm2', 'tiny' nor a transformers checkpoint folder "
-                                "(no config.json there)")
-    return path
 
 
 def _job(args: argparse.Namespace, workdir: Path):  # noqa: ANN202
@@ -144,6 +126,7 @@ def run_demo(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     from transformers import AutoTokenizer
 
+    from .assets import resolve_model
     from .calibration import ProfileStore, format_quality
     from .coserve import CoServer
     from .driver import HostConfig

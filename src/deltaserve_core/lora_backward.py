@@ -20,7 +20,7 @@ A unit is one layer over a *packed* group of samples: the batch's samples concat
 each sample's attention inside the sample. Per-sample units (``pack_tokens=0``) are bit-identical to the reference
 loop but launch- and sync-bound on a GPU (an 8B model's layer over one ~100-token sample is a fraction of a
 millisecond of work); packed units do the same math on bigger shapes, so they agree with it to rounding
-(tests/test_exactness.py) and train 8× faster on an H200 at 2048-token steps.
+(tests/test_exactness.py) and train several times faster on a GPU (docs/benchmarks.md, "H200, packed backward").
 
 Nothing here is specific to one model family: it runs the model's own decoder-layer modules with exactly the
 keyword arguments the model's own forward would pass them (rotary embeddings, causal/sliding masks per layer type),

@@ -70,9 +70,8 @@ def pack_groups(lengths: Sequence[int], limit: int) -> list[list[int]]:
 
 
 def attention_without_cudnn(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """SDPA without its cuDNN backend. cuDNN builds an execution plan per new sequence length (measured on an H200:
-    ~150 ms per layer for a length not seen before vs ~5 ms on a repeated one), and packed units have a new length
-    almost every batch; flash / memory-efficient attention have no such cost. Same math, other kernels."""
+    """SDPA without its cuDNN backend. cuDNN builds an execution plan per new sequence length (far slower than the
+    layer itself, docs/benchmarks.md), and packed units have a new length almost every batch; flash / memory-efficient attention have no such cost. Same math, other kernels."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

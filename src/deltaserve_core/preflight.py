@@ -27,7 +27,7 @@ from .job_config import JobConfig, JobConfigError
 __all__ = ["ModelModules", "check_job", "check_local_files", "check_rank", "check_resume", "check_target_modules",
            "model_modules", "resume_fields"]
 
-log = logging.getLogger("deltaserve")
+log = logging.getLogger("deltaserve.preflight")
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ leaves out decide whether the *measured* token gap then meets the SLO:
 * **estimator error on the steps admission filled.** A step filled to Δ exactly misses whenever the model
   under-predicts it, and each such step breaks the TPOT of every decode in it. The error that matters is the
   error on the steps admission builds -- inference *with* fine-tuning rows -- not the average error: on
-  vLLM-CPU those are under-predicted (median measured/predicted 1.05, up to 1.32) while fine-tuning-only steps
-  are over-predicted, and a factor pooled over both (the previous rule: the 0.9 quantile over all
-  fine-tuning-carrying steps) let 9 of 27 mixed steps overrun TPOT in one 20 s burst-light run.
+  vLLM-CPU those are under-predicted while fine-tuning-only steps are over-predicted, and a factor pooled over
+  both (the previous rule: the 0.9 quantile over all fine-tuning-carrying steps) let many mixed steps overrun
+  TPOT (``docs/benchmarks.md``).
 * **the host's time between steps.** A decode's token gap is the step *plus* what the host does between two
   steps (output processing, scheduling, the core's own bookkeeping), which the step record does not contain.
 
@@ -18,26 +18,25 @@ leaves out decide whether the *measured* token gap then meets the SLO:
 over the last ``window`` mixed steps. Until ``min_samples`` of them ran, it is the largest of: the calibration's
 own p95 error (:meth:`seed`), the mixed steps measured so far, and *proxy* steps -- fine-tuning-only steps and
 eager steps with inference only, priced by the same model in the mode every mixed step runs in. The proxies count
-from the first one, because the first mixed steps are the ones at risk: on the H200 (vLLM, Llama-3-8B shape,
-burst-dense) every eager step ran 1.5–2.1× its prediction while the backward trained beside inference, the prior
-said 1.2, and all three mixed steps admitted before four had been measured overran TPOT (a proxy had shown
-1.8–2.1 on each of the three fine-tuning-only steps before them).
+from the first one, because the first mixed steps are the ones at risk: on a GPU, eager steps ran well over their
+prediction while the backward trained beside inference, further over than the calibration's prior said, and the
+first mixed steps admitted overran TPOT although the proxy steps before them had already shown the gap.
 
 After that the proxies still count as a *drift* signal: the factor is never below the median measured ÷ predicted
 of the last ``drift_window`` proxy steps. Mixed steps are rare next to inference steps, so a machine that slows down
-as a whole (other load, a co-tenant, thermal limits) shows in the proxies first: on vLLM-CPU (burst-light) the
-proxies' median went from 0.9–1.2 to 1.63 at t = 18 s, the next mixed step ran 1.68× its prediction against a
-window maximum of 1.35 and overran TPOT. A median, not a maximum, because single proxy steps are short and jitter.
+as a whole (other load, a co-tenant, thermal limits) shows in the proxies first: on vLLM-CPU the proxies' median
+rose, then the next mixed step ran above the window's maximum and overran TPOT. A median, not a maximum, because
+single proxy steps are short and jitter.
 
 Before ``min_samples`` mixed steps ran, the factor is at least ``warmup_factor`` (default: ``max_factor``, 2):
-the first mixed steps are held to half the budget whatever the proxies say. On vLLM-CPU (production trace) the
-first two mixed steps ran 1.23x and 1.16x their prediction while every proxy before them sat at 0.9-1.05 and the
-prior said 1.19; both overran TPOT. Four half-size mixed steps cost little fine-tuning and measure the real ratio.
+the first mixed steps are held to half the budget whatever the proxies say. On vLLM-CPU the first mixed steps
+ran over their prediction while every proxy before them sat near 1, and overran TPOT. Four half-size mixed steps
+cost little fine-tuning and measure the real ratio.
 
 Why a window of 128 mixed steps: the next of n exchangeable ratios exceeds their maximum with probability
 1/(n+1), so a 32-step window lets ~3 % of mixed steps overrun whatever the margin, one or two per 20 s CPU run --
-which is what the runs showed (a mixed step at 1.44x its prediction against a window maximum just below it, 14
-decodes late). 128 makes that ~0.8 %; the cost is that one slow step holds the factor up for longer.
+which is what the runs showed. 128 makes that ~0.8 %; the cost is that one slow step holds the factor up for
+longer.
 
 ``overhead_s`` is the same quantile as ``factor`` of the idle time between a step with inference and the next step
 that continues its decodes, less any host work the controller itself ran in that gap (:meth:`discount_gap`): an

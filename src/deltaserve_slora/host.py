@@ -67,7 +67,7 @@ from .patches import FINETUNE_REQUEST_PREFIX, Channel, install, note_arrival, un
 
 __all__ = ["SloraHooks", "SloraHost", "engine_version"]
 
-log = logging.getLogger("deltaserve_slora")
+log = logging.getLogger("deltaserve.slora")
 
 _PROFILE_PREFIX = "__deltaserve_profile__"
 

@@ -53,7 +53,7 @@ from .locate import SloraCheckout, SloraNotFoundError, activate, locate_slora
 __all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "main", "parse_args",
            "profile_key", "router_process"]
 
-log = logging.getLogger("deltaserve_slora.launch")
+log = logging.getLogger("deltaserve.slora.launch")
 
 #: S-LoRA options that select code paths the patches do not cover (flag -> why).
 _REFUSED_FLAGS: dict[str, str] = {

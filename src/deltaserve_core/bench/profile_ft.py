@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("deltaserve_core.finetune_data").setLevel(logging.ERROR)
+    logging.getLogger("deltaserve.finetune_data").setLevel(logging.ERROR)
 
     from transformers import AutoTokenizer
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         install_calibration_adapter,
         load_or_calibrate,
     )
-    from ..demo import resolve_model
+    from ..assets import resolve_model
     from ..driver import HostConfig
     from ..registry import create_host
     from .runner import BenchConfig, _make_coserver, _StepRecorder

