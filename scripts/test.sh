@@ -26,7 +26,8 @@ if [[ $HAVE_PATHS == 0 || ${#MAIN_PATHS[@]} -gt 0 ]]; then
   if [[ $HAVE_PATHS == 0 ]]; then MAIN_PATHS=(tests conformance/meta_tests); fi
   # tests/sglang runs in its own environment (SGLang pins another torch): scripts/test_sglang.sh builds it.
   rc=0
-  run .venv/bin/python -m pytest "${MAIN_PATHS[@]}" --ignore=tests/sglang -p no:cacheprovider -q \
+  # --durations: the slowest tests in every CI log, to keep CI time in view
+  run .venv/bin/python -m pytest "${MAIN_PATHS[@]}" --ignore=tests/sglang -p no:cacheprovider -q --durations=25 \
     ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
   pytest_ok "$rc" || status=1
 fi
