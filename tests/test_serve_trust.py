@@ -185,7 +185,8 @@ def test_failed_saves_are_counted_and_pause_training(host, dataset: Path, tmp_pa
 
 def test_published_versions_are_pruned_and_served_again_after_a_restart(host, dataset: Path,  # noqa: ANN001
                                                                         tmp_path: Path) -> None:
-    from deltaserve_core.coserve import RETIRED_MARK, CoServer, delete_retired, published_dir
+    from deltaserve_core.coserve import RETIRED_MARK, CoServer, delete_retired
+    from deltaserve_core.hostkit import publish_dir as published_dir
 
     job = _job(dataset, tmp_path / "ckpt")
     co = CoServer(host, job, latency_model=_model(), backward_threads=1)

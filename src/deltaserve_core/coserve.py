@@ -50,7 +50,7 @@ from .checkpoint import check_writable_dir
 from .cleanup import clean_stale_files
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
-from .hostkit import publish_dir
+from .hostkit import parse_published_name, publish_dir
 from .job_config import JobConfig
 from .job_control import EventLog, JobCallError, job_id
 from .latency_model import Equation, LatencyModel
@@ -59,7 +59,7 @@ from .slo import SLOConfig, SLOMonitor
 from .slo_margin import SLOMargin
 from .types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord
 
-__all__ = ["RETIRED_MARK", "CoServer", "CoServeStats", "delete_retired", "published_dir"]
+__all__ = ["RETIRED_MARK", "CoServer", "CoServeStats", "delete_retired"]
 
 _INSTALL, _PUBLISH = "install", "publish"
 #: checkpoint saves in a row that may fail before fine-tuning pauses (inference is not affected)
@@ -176,7 +176,6 @@ def delete_retired(root: Path, grace_s: float = RETIRED_GRACE_S) -> list[Path]:
     return gone
 
 
-published_dir = publish_dir  # the name callers of the core used before the host kit
 
 
 class CoServer:
@@ -874,7 +873,7 @@ class CoServer:
             return
         self._published_step = step
         self.stats.publishes += 1
-        durable = published_dir(self.job) / name
+        durable = publish_dir(self.job) / name
         if not (durable / "adapter_config.json").is_file():
             # Hosts that publish into their own temp folder: the copy here is what a restart serves again.
             try:
@@ -896,7 +895,7 @@ class CoServer:
         :data:`RETIRED_GRACE_S`: a request already running on a version may need its folder again (an engine
         reloads an evicted adapter from it, and fails the step if it is gone)."""
         keep = self.job.checkpoint.keep
-        root = published_dir(self.job)
+        root = publish_dir(self.job)
         while len(self.stats.published) > keep:
             name = self.stats.published.pop(0)
             retract = getattr(self.host, "retract_adapter", None)
@@ -914,7 +913,7 @@ class CoServer:
 
     def _republish_from_disk(self, resumed_step: int) -> None:
         """Serve again the versions an earlier run of this job published (newest ``checkpoint.keep``)."""
-        root = published_dir(self.job)
+        root = publish_dir(self.job)
         found = []
         for folder in root.glob(f"{self.job.adapter_name}@v*") if root.is_dir() else ():
             tail = folder.name[len(self.job.adapter_name) + 2:]
@@ -1164,7 +1163,7 @@ class CoServer:
                 "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps,
                             "keep": job.checkpoint.keep},
                 "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
-                "published": [self._published_log.get(n, {"name": n, "step": _version_of(n), "loss": None,
+                "published": [self._published_log.get(n, {"name": n, "step": (parse_published_name(n) or (None, None))[1], "loss": None,
                                                           "created_at": None}) for n in self.stats.published],
             },
         }
@@ -1277,10 +1276,6 @@ def model_on_lent_weights(path: str, lent: Mapping[str, torch.Tensor], *, dtype:
 def _fmt_loss(loss: float | None) -> str:
     return f"{loss:.4f}" if loss is not None else "n/a"
 
-
-def _version_of(name: str) -> int | None:
-    tail = name.rsplit("@v", 1)[-1]
-    return int(tail) if tail.isdigit() else None
 
 
 def _timed(fn: Callable[[], object]) -> float:
