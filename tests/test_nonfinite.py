@@ -62,6 +62,15 @@ def test_all_finite() -> None:
     assert all_finite([])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200: vllm_h200.sh)")
+def test_all_finite_across_devices() -> None:
+    # Adam on CUDA parameters keeps state["step"] on the CPU: a checkpoint's optimizer state spans two devices.
+    cuda, cpu = torch.ones(3, device="cuda"), torch.tensor(4.0)
+    assert all_finite([cuda, cpu])
+    assert not all_finite([cuda, torch.tensor(float("nan"))])
+    assert not all_finite([torch.tensor([float("inf")], device="cuda"), cpu])
+
+
 def test_nan_activations_skip_the_step_and_leave_adapter_and_optimizer(tiny_llama: tuple[str, str]) -> None:
     trainer = _trainer(tiny_llama)
     good = _samples(trainer)

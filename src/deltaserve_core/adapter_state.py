@@ -27,9 +27,13 @@ _KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<modul
 def all_finite(tensors: Iterable[torch.Tensor | None]) -> bool:
     """Whether every element of every tensor is finite (``None`` entries, e.g. absent gradients, are skipped).
 
-    One device sync for the lot, so the backward can afford it on every optimizer step."""
-    flags = [torch.isfinite(t).all() for t in tensors if t is not None and t.is_floating_point()]
-    return bool(torch.stack(flags).all()) if flags else True
+    One device sync per device, so the backward can afford it on every optimizer step. Tensors may sit on
+    different devices: an optimizer on CUDA parameters keeps its step counters on the CPU."""
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if t is not None and t.is_floating_point():
+            flags.setdefault(t.device, []).append(torch.isfinite(t).all())
+    return all(bool(torch.stack(group).all()) for group in flags.values())
 
 
 def nonfinite_names(tensors: Mapping[str, torch.Tensor]) -> list[str]:
