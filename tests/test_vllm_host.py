@@ -254,6 +254,32 @@ def test_graph_prediction_follows_the_captured_decode_graphs() -> None:
     assert predict_mode([_sched(0)], None) is ExecutionMode.EAGER
 
 
+def test_graph_prediction_follows_the_captured_piecewise_graphs() -> None:
+    from deltaserve_vllm.graphs import GraphSizes, predict_mode
+
+    sizes = GraphSizes.from_worker({"capture_sizes": [1, 2, 4, 8, 16], "decode_sizes": [1, 2, 4],
+                                    "piecewise_sizes": [1, 2, 4, 8, 16]})
+    assert predict_mode([_sched(0)] * 3, sizes) is ExecutionMode.GRAPH  # full decode graph
+    assert predict_mode([_sched(0)] * 6, sizes) is ExecutionMode.GRAPH  # no full graph of 8: piecewise
+    assert predict_mode([_sched(0), _sched(5)], sizes) is ExecutionMode.GRAPH  # mixed, 6 tokens -> 8
+    assert predict_mode([_sched(12), _sched(0)], sizes) is ExecutionMode.GRAPH  # 13 tokens -> 16
+    assert predict_mode([_sched(16), _sched(0)], sizes) is ExecutionMode.EAGER  # 17 tokens: beyond every graph
+    assert predict_mode([], sizes) is ExecutionMode.EAGER
+
+
+def test_graph_sizes_count_only_what_every_lora_case_captured() -> None:
+    from types import SimpleNamespace as Key
+
+    from deltaserve_vllm.worker import _every_lora_case
+
+    keys = [Key(num_tokens=n, has_lora=h, num_active_loras=a) for n, h, a in
+            [(1, False, 0), (2, False, 0), (4, False, 0), (1, True, 1), (2, True, 1), (4, True, 1), (1, True, 2),
+             (2, True, 2)]]
+    assert _every_lora_case(keys) == [1, 2]  # 4 was not captured with two active adapters
+    assert _every_lora_case([k for k in keys if not k.has_lora]) == []  # no graph a LoRA batch could replay
+    assert _every_lora_case([]) == []
+
+
 @needs_vllm
 def test_declared_graph_modes_match_the_device(deltaserve_conformance_env: ConformanceEnv) -> None:
     caps = deltaserve_conformance_env.host.capabilities()  # type: ignore[attr-defined]

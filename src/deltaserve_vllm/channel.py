@@ -4,7 +4,7 @@ vLLM builds the scheduler and the worker itself (from ``scheduler_cls`` / ``work
 the adapter cannot hand them objects directly. The host opens a :class:`Channel` under a fresh key and passes
 the key through ``VllmConfig.additional_config`` (the config field vLLM reserves for plugins); both sides look
 the channel up by that key. This works when all three live in one process, which is the case for the
-in-process engine with the ``uni`` executor that the driver path uses (the scheduler, the worker and the
+in-process engine with DeltaServe's one-process executor (:mod:`.executor`) that the driver path uses (the scheduler, the worker and the
 caller share the EngineCore process). Keys keep several engines in one process apart.
 
 Under ``vllm serve`` (see :mod:`.plugin`) nobody opens the channel in advance: the EngineCore runs in a process

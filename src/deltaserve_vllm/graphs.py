@@ -1,14 +1,17 @@
 """Which steps vLLM replays as a CUDA graph: the prediction behind ``graph_mode`` (imports nothing of vLLM).
 
-The adapter runs CUDA with ``cudagraph_mode=FULL_DECODE_ONLY`` (and eager on CPU). vLLM's V1 model runner then
-replays a full graph exactly when the batch is a *uniform decode* (every scheduled request runs one token; no
-speculative decoding) and its batch size, padded up to the next ``cudagraph_capture_sizes`` entry, is one of the
-uniform-decode graphs its ``CudagraphDispatcher`` captured (sizes up to ``max_num_seqs``; every LoRA-count case is
-captured for each size). Anything else -- a prefill, a mixed batch, a batch carrying fine-tuning rows (always
->= 2 tokens), a batch larger than the largest decode graph -- runs eagerly (runtime mode ``NONE``).
+vLLM's V1 model runner asks its ``CudagraphDispatcher`` per step. With torch.compile (the adapter's CUDA default,
+vLLM's ``FULL_AND_PIECEWISE``) a *uniform decode* (every scheduled request runs one token; no speculative decoding)
+whose batch size, padded up to the next ``cudagraph_capture_sizes`` entry, is a captured full graph replays that
+graph; any other batch whose token count pads to a captured piecewise size replays the piecewise graphs; the rest
+runs without graphs (runtime mode ``NONE``). Without compilation (``FULL_DECODE_ONLY``) only the first case exists.
+A batch carrying fine-tuning rows never replays a graph: the worker dispatches it with ``valid_modes={NONE}``
+(:mod:`.layer_tap` says why), so the prediction is about the inference batch the host proposes.
 
 The capture facts are read once from the worker's dispatcher after start-up (:class:`GraphSizes`), so the
-prediction follows the graphs vLLM actually holds, not a copy of its defaults.
+prediction follows the graphs vLLM actually holds, not a copy of its defaults. A size counts only if it was captured
+for every LoRA case vLLM keys graphs by (with and without active LoRAs, each active-LoRA count): the prediction
+cannot see which adapters a batch uses.
 
 Async scheduling changes none of this: the runner picks the graph from the step's own per-request token counts and
 its active LoRAs (vLLM 0.26, ``GPUModelRunner._determine_batch_execution_and_padding``), and under async a request
@@ -34,10 +37,17 @@ class GraphSizes:
 
     capture_sizes: tuple[int, ...] = ()
     decode_sizes: frozenset[int] = frozenset()
+    piecewise_sizes: frozenset[int] = frozenset()
+
+    @classmethod
+    def from_worker(cls, sizes: dict[str, list[int]]) -> GraphSizes:
+        """From the worker's ``deltaserve_graph_sizes`` answer."""
+        return cls(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]),
+                   frozenset(sizes.get("piecewise_sizes", ())))
 
     @property
     def enabled(self) -> bool:
-        return bool(self.decode_sizes)
+        return bool(self.decode_sizes or self.piecewise_sizes)
 
     def padded(self, num_tokens: int) -> int | None:
         """The capture size a batch of ``num_tokens`` is padded to (smallest capture size >= it), or None."""
@@ -46,14 +56,18 @@ class GraphSizes:
 
 
 def predict_mode(scheduled: Iterable[ScheduledRequest], sizes: GraphSizes | None) -> ExecutionMode:
-    """GRAPH iff vLLM will replay a full decode graph for a step running exactly ``scheduled``."""
+    """GRAPH iff vLLM will replay a CUDA graph (full or piecewise) for a step running exactly ``scheduled``."""
     if sizes is None or not sizes.enabled:
         return ExecutionMode.EAGER
-    n = 0
+    n = tokens = 0
+    uniform = True
     for r in scheduled:
+        n += 1
         if r.prefill_tokens > 1:  # a query longer than one token: not a uniform decode
-            return ExecutionMode.EAGER
-        n += 1  # a decode, or a prefill of exactly one token (vLLM sees the same 1-token query)
+            uniform = False
+        tokens += max(r.prefill_tokens, 1)  # a decode, or a one-token prefill, is one token
     if n == 0:
         return ExecutionMode.EAGER
-    return ExecutionMode.GRAPH if sizes.padded(n) in sizes.decode_sizes else ExecutionMode.EAGER
+    if uniform and sizes.padded(n) in sizes.decode_sizes:
+        return ExecutionMode.GRAPH
+    return ExecutionMode.GRAPH if sizes.padded(tokens) in sizes.piecewise_sizes else ExecutionMode.EAGER

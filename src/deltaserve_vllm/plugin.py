@@ -15,8 +15,8 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
 - ``enable_lora`` on and one more LoRA slot (``max_loras``) for the reserved fine-tuning adapter;
 - the synchronous scheduler unless ``--async-scheduling`` is given (async is opt-in for now, see
   :mod:`deltaserve_vllm.host`), with the DeltaServe scheduler class matching the engine loop vLLM settles on,
-  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) and no torch.compile, as
-  :class:`~deltaserve_vllm.host.VllmHost` does;
+  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``), as
+  :class:`~deltaserve_vllm.host.VllmHost` does (torch.compile and CUDA graphs are left as the operator set them);
 - in the API server process, :mod:`.guard`: clients request each published adapter version by name
   (``<adapter>@v<step>``) with vLLM's runtime LoRA loading left exactly as the operator set it, and, where the
   operator turned it on, no client load or unload can touch DeltaServe's names, folders or versions;
@@ -142,12 +142,8 @@ def configure_engine_args(args: Any) -> bool:
         if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
             raise ValueError("DeltaServe needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0")
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        # The capture hooks are module pre-hooks: torch.compile would trace through them.
-        compilation = args.compilation_config
-        if isinstance(compilation, dict):
-            compilation["mode"] = 0
-        else:
-            compilation.mode = 0
+        # torch.compile and CUDA graphs stay as the operator set them: DeltaServe's executor installs the capture
+        # points before vLLM traces the model, and steps with fine-tuning rows run without graphs (.layer_tap).
     grace = settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 < grace <= 3600:
         raise ValueError(f'--additional-config "deltaserve": shutdown_grace_s must be a number of seconds in '

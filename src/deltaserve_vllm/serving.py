@@ -37,6 +37,7 @@ from deltaserve_core.types import ProfileShape, StepRecord
 
 from .channel import SERVE_KEY, SETTINGS_KEY, Channel, get_channel
 from .channel_hooks import ChannelHooks
+from .executor import TapExecutor
 from .graphs import GraphSizes
 from .versions import check_supported_vllm
 
@@ -62,14 +63,8 @@ _IDLE_RETRY_S = 0.002
 _UNSIGNALLED_STOP_S = 60.0
 
 
-def _executor_base() -> type:
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
-    return UniProcExecutor
-
-
-class DeltaServeExecutor(_executor_base()):  # type: ignore[misc]
-    """vLLM's one-process executor, registered in the serve channel so the runtime can reach the worker."""
+class DeltaServeExecutor(TapExecutor):
+    """DeltaServe's one-process executor, registered in the serve channel so the runtime can reach the worker."""
 
     def _init_executor(self) -> None:
         super()._init_executor()
@@ -142,7 +137,7 @@ class ServeRuntime(EngineRuntime):
         if not channel.worker_attached:
             raise RuntimeError("the DeltaServe worker extension did not attach in the EngineCore process")
         sizes = executor.collective_rpc("deltaserve_graph_sizes")[0]
-        channel.graph_sizes = GraphSizes(tuple(sizes["capture_sizes"]), frozenset(sizes["decode_sizes"]))
+        channel.graph_sizes = GraphSizes.from_worker(sizes)
         self.engine_host = EngineHost(channel, vllm_config, self.publish_root, self.work_dir)
         self._metrics_file: str | None = settings.get("metrics_file")
         self._fruitless_idle = False

@@ -3,11 +3,15 @@
 vLLM mixes this class into its worker class (as an extra base) and exposes its methods to
 ``collective_rpc``. :meth:`DeltaServeWorkerExtension.deltaserve_attach` is called once after start-up; it
 
-- registers a forward *pre*-hook on every ``model.model.layers[i]``: vLLM's decoder layer takes
+- connects the model's capture points (:mod:`.layer_tap`, installed by DeltaServe's executor before the first
+  forward, so they survive torch.compile) to this worker: vLLM's decoder layer takes
   ``(positions, hidden_states, residual)`` and its fused RMSNorm updates both in place, so the true
   residual-stream input ``hidden_states + residual`` (``residual`` is ``None`` at layer 0) must be read before
   the layer runs. Only fine-tuning rows are sliced out (rows located through the model runner's
   ``input_batch.req_ids`` order and the step's per-request token counts);
+- makes every step that carries fine-tuning rows run without CUDA graphs (the runner's ``cudagraph_dispatcher``
+  is asked with ``valid_modes={NONE}``): a graph replay would skip the capture points; inference-only steps keep
+  vLLM's full and piecewise graphs;
 - polls ``ActivationSink.should_abort`` at every layer boundary of a fine-tuning-only step and stops the
   forward with a private exception, caught around ``execute_model``, which then returns an empty output;
 - wraps the model runner's ``execute_model`` and ``sample_tokens`` on the instance (no class is edited) to
@@ -35,7 +39,7 @@ import torch
 
 from deltaserve_core.types import ExecutionMode
 
-from . import cpu_lora_fix
+from . import cpu_lora_fix, layer_tap
 from .channel import Channel, StepPlan, StepTiming, get_channel
 from .weights import WeightMapping, map_hf_weights
 
@@ -122,7 +126,8 @@ class _WorkerState:
 
     # -- hooks ----------------------------------------------------------------------------------------
 
-    def pre_hook(self, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def on_layer(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+        """The tap's receiver (:mod:`.layer_tap`): decoder layer ``layer`` is about to run on ``hidden``."""
         step = self.step
         if step is None:
             return
@@ -135,8 +140,6 @@ class _WorkerState:
         if plan.ft_only and not plan.synthetic and sink is not None and sink.should_abort(plan.step_id):
             step.aborted = True
             raise _AbortForward
-        hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
-        residual = args[2] if len(args) > 2 else kwargs.get("residual")
         for sample_id, start, n in self._rows(step):
             x = hidden[start:start + n]
             if residual is not None:
@@ -145,6 +148,17 @@ class _WorkerState:
                 x.clone()  # the copy a capture sink makes, so calibration prices it
             else:
                 sink.layer_input(plan.step_id, layer, sample_id, x)
+
+    def dispatch(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        # A CUDA graph replays without running the tap: a step with fine-tuning rows runs without one, so every
+        # capture and every abort poll happens (its rows are priced with eager coefficients for this reason).
+        step = self.step
+        if step is not None and step.plan is not None and step.plan.samples:
+            from vllm.config import CUDAGraphMode
+
+            kwargs["valid_modes"] = {CUDAGraphMode.NONE}
+            kwargs.pop("invalid_modes", None)
+        return original(*args, **kwargs)
 
     # -- execute / sample -----------------------------------------------------------------------------
 
@@ -205,6 +219,25 @@ def _forward_mode() -> ExecutionMode:
     return ExecutionMode.EAGER if mode == CUDAGraphMode.NONE else ExecutionMode.GRAPH
 
 
+def _every_lora_case(keys: list[Any]) -> list[int]:
+    """Token counts captured for every LoRA case the keys distinguish (has_lora, num_active_loras)."""
+    by_case: dict[tuple[bool, int], set[int]] = {}
+    for k in keys:
+        by_case.setdefault((bool(getattr(k, "has_lora", False)), int(getattr(k, "num_active_loras", 0) or 0)),
+                           set()).add(int(k.num_tokens))
+    if not by_case or not any(has_lora for has_lora, _ in by_case):
+        return []  # captured without LoRA only: a batch with an active adapter would not replay them
+    return sorted(set.intersection(*by_case.values()))
+
+
+def _compiled(worker: Any) -> bool:
+    """Whether vLLM runs this worker's model through torch.compile (any mode but NONE, unless enforce_eager)."""
+    config = worker.vllm_config  # type: ignore[attr-defined]
+    if config.model_config.enforce_eager:
+        return False
+    return int(config.compilation_config.mode) != 0
+
+
 def _cuda_ready() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
@@ -228,17 +261,34 @@ class DeltaServeWorkerExtension:
         # slot's adapter to base-model rows (cpu_lora_fix says why and until when).
         cpu_lora_fix.apply()
         runner = self.model_runner  # type: ignore[attr-defined]
-        layers = runner.get_model().model.layers
-        state = _WorkerState(channel, runner, len(layers))
-        for i, layer in enumerate(layers):
-            layer.register_forward_pre_hook(functools.partial(state.pre_hook, i), with_kwargs=True)
+        tap = getattr(self, "_deltaserve_tap", None)
+        if tap is None:
+            if _compiled(self):
+                raise RuntimeError("vLLM compiled this model before DeltaServe's capture points were installed: "
+                                   "run the engine on DeltaServe's executor (deltaserve_vllm.executor), which "
+                                   "installs them before the first forward")
+            tap = self.deltaserve_install_taps()
+        state = _WorkerState(channel, runner, tap.num_layers)
+        tap.connect(state.on_layer)
         # Instance attributes shadow the runner's methods for this runner only; vLLM's worker calls
         # self.model_runner.execute_model / sample_tokens, so every step goes through these.
         runner.execute_model = functools.partial(state.execute, runner.execute_model)
         runner.sample_tokens = functools.partial(state.sample, runner.sample_tokens)
+        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+        if dispatcher is not None:
+            dispatcher.dispatch = functools.partial(state.dispatch, dispatcher.dispatch)
         self._deltaserve_state = state
         channel.worker_attached = True
-        return len(layers)
+        return tap.num_layers
+
+    def deltaserve_install_taps(self) -> layer_tap.Tap:
+        """Put a capture point at every decoder layer's input (idempotent). Called by DeltaServe's executor right
+        after the model is loaded, before its first forward: a model vLLM compiles is traced once, then."""
+        tap = getattr(self, "_deltaserve_tap", None)
+        if tap is None:
+            layers = self.model_runner.get_model().model.layers  # type: ignore[attr-defined]
+            tap = self._deltaserve_tap = layer_tap.install(layers, compiled=_compiled(self))
+        return tap
 
     def deltaserve_base_weights(self) -> WeightMapping:
         """The loaded model's weights under transformers' names, as views (:func:`.weights.map_hf_weights`), or the
@@ -248,27 +298,26 @@ class DeltaServeWorkerExtension:
                               self.vllm_config.model_config.hf_config)  # type: ignore[attr-defined]
 
     def deltaserve_graph_sizes(self) -> dict[str, list[int]]:
-        """The CUDA graphs this runner captured: all capture sizes and the uniform-decode FULL graph sizes.
+        """The CUDA graphs this runner captured: all capture sizes, the uniform-decode FULL graph sizes and the
+        PIECEWISE graph sizes.
 
         Read from the runner's ``cudagraph_dispatcher`` (the keys it replays from). Empty when the runner has no
         dispatcher (CPU) or captured nothing (``enforce_eager``, ``cudagraph_mode`` NONE).
         """
+        none = {"capture_sizes": [], "decode_sizes": [], "piecewise_sizes": []}
         runner = self.model_runner  # type: ignore[attr-defined]
         dispatcher = getattr(runner, "cudagraph_dispatcher", None)
         if dispatcher is None or not getattr(dispatcher, "keys_initialized", False):
-            return {"capture_sizes": [], "decode_sizes": []}
+            return none
         from vllm.config import CUDAGraphMode
 
         if dispatcher.cudagraph_mode == CUDAGraphMode.NONE:
-            return {"capture_sizes": [], "decode_sizes": []}
-        keys = dispatcher.cudagraph_keys.get(CUDAGraphMode.FULL, set())
-        uniform = [k for k in keys if getattr(k, "uniform", False)]
-        # A size counts only if it was captured both with and without active LoRAs (vLLM's default,
-        # cudagraph_specialize_lora=True): the prediction cannot see which adapters a batch uses.
-        decode = sorted({k.num_tokens for k in uniform if not k.has_lora}
-                        & {k.num_tokens for k in uniform if k.has_lora})
+            return none
+        full = [k for k in dispatcher.cudagraph_keys.get(CUDAGraphMode.FULL, set()) if getattr(k, "uniform", False)]
+        piecewise = list(dispatcher.cudagraph_keys.get(CUDAGraphMode.PIECEWISE, set()))
         sizes = sorted(int(x) for x in (runner.compilation_config.cudagraph_capture_sizes or []))
-        return {"capture_sizes": sizes, "decode_sizes": decode}
+        return {"capture_sizes": sizes, "decode_sizes": _every_lora_case(full),
+                "piecewise_sizes": _every_lora_case(piecewise)}
 
     def deltaserve_job_call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """One jobs-API call (:func:`deltaserve_core.job_control.job_call`) against this engine's job.
