@@ -171,3 +171,33 @@ def verdict(tag: str, ref_ok: bool, ref_msg: str, broken_ok: bool, broken_msg: s
         sys.exit(0)
     print(f"[{tag}] proof does NOT hold")
     sys.exit(1)
+
+
+FT_ADAPTER_SEED = 7
+
+
+def capture_problems(host, sk, samples, adapter: Path | None = None, tol: float = 1e-4, dtype=torch.float32):
+    """What is wrong with the captures of ``samples``: each (layer, sample) exactly once, shape [n, hidden],
+    values equal to the PEFT model's residual-stream input of that layer (hidden_states[layer])."""
+    L = host.model_spec().num_layers
+    adapter = adapter or adapter_dir("ft", seed=FT_ADAPTER_SEED, num_layers=L)
+    truth = {s.sample_id: hf_layer_inputs(s.input_ids, adapter, L, dtype) for s in samples}
+    seen, bad = {}, []
+    for _, step, layer, sid, t in sk.layers():
+        seen[(layer, sid)] = seen.get((layer, sid), 0) + 1
+        ref = truth[sid][layer]
+        if t.shape != ref.shape:
+            bad.append(f"layer {layer} sample {sid}: shape {tuple(t.shape)} != {tuple(ref.shape)}")
+        elif not close(t, ref, tol):
+            bad.append(f"layer {layer} sample {sid}: max |diff| {float((t.float() - ref.float()).abs().max()):.3g}")
+    for s in samples:
+        for layer in range(L):
+            if seen.get((layer, s.sample_id), 0) != 1:
+                bad.append(f"layer {layer} sample {s.sample_id}: {seen.get((layer, s.sample_id), 0)} calls")
+    return bad
+
+
+def run(tag: str, check, broken_cls) -> None:
+    ok_r, msg_r = check(ReferenceHost)
+    ok_b, msg_b = check(broken_cls)
+    verdict(tag, ok_r, msg_r, ok_b, msg_b)

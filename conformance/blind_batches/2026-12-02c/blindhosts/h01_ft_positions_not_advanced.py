@@ -1,16 +1,17 @@
-"""h01 - fine-tuning rows get rotary positions from their flat token slot in the step, not from 0.
+"""
+h01 - every token of an injected fine-tuning row gets the same rotary position (the row's start, 0).
 
 Rule (hooks.py, ActivationSink.layer_input): "The input of decoder layer ``layer`` for one sample: shape
-``[num_tokens, hidden_size]``." -- the residual-stream input of the sample's own forward, which runs the sample as
-a sequence of its own (positions 0..n-1), as the backward process recomputes it.
+``[num_tokens, hidden_size]``." -- the residual-stream input of the sample's own causal forward (positions
+0..n-1), as the backward process recomputes it.
 
-Bug: the adapter builds the positions of the rows it appends after the scheduler's output from the step's
-flattened token index (vLLM's ``positions`` buffer is filled per scheduled request; the injected rows have no
-request state, so the adapter took ``arange(slot_start, slot_end)``). Client rows keep correct positions.
+Bug: the adapter fills the positions of the rows it appends after the scheduler's output itself. vLLM computes
+``positions = num_computed_tokens + arange(num_scheduled_tokens)`` per request; for the injected rows the adapter
+wrote ``num_computed_tokens`` (0) for each token and forgot the arange, as for a one-token decode row. Client rows
+keep the engine's positions.
 
-Trigger: a fine-tuning sample injected into a step that already carries client tokens (any mixed step): its
-positions start at the number of client tokens before it, so layer 1+ inputs differ from the true forward.
-Layer 0 (the embedding) is unaffected.
+Trigger: every step with fine-tuning rows. Layer 0's input (the embedding) is unaffected; from layer 1 on the
+captures are not the sample's forward.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ class Host(ReferenceHost):
             if capture:
                 sink.begin_step(step_id, [r.sample for r in ft_rows])  # type: ignore[misc]
             tokens = tokens.to(self.device)
-            # injected rows have no sequence state: take their positions from the flat token slot
-            positions = torch.cat([torch.arange(r.start, r.start + r.length) if r.sample is not None
+            # injected rows: num_computed_tokens (0) for each of their tokens (the arange is missing)
+            positions = torch.cat([torch.full((r.length,), r.past) if r.sample is not None
                                    else torch.arange(r.past, r.past + r.length) for r in rows]).to(self.device)
             groups: dict[str, list[int]] = {}
             for r in rows:
