@@ -8,7 +8,7 @@ SPEC = HostSpec(
     factory="hf_host.host:create_host",  # imported only when a host is created
     install_command="pip install -e examples/new_host",
     engine_distributions=("transformers",),
-    supported=">=5.0,<6",  # DynamicCache, logits_to_keep and the decoder-layer call shape it relies on
+    supported=">=5.16.1,<5.20",  # what deltaserve pins and this host is tested against
     notes="worked example of examples/new_host/README.md: per-request forwards, no prefix cache, eager only",
     static_capabilities={"mixed_batches": "yes", "graph_modes": "eager", "abort": "yes", "devices": "cpu, cuda"},
 )
