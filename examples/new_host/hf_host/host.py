@@ -33,14 +33,8 @@ from deltaserve_core.driver import (
     check_client_adapter,
     run_to_completion,
 )
-from deltaserve_core.hooks import (
-    RESERVED_ADAPTER_NAME,
-    ActivationSink,
-    ReservedAdapterError,
-    ScheduleInterceptor,
-    StepSink,
-)
-from deltaserve_core.hostkit import HookSlots, ProfileDraw, StepPlan, TokenClock, published_name
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError
+from deltaserve_core.hostkit import HookSlots, InstallsHooks, ProfileDraw, StepPlan, TokenClock, published_name
 from deltaserve_core.types import (
     ExecutionMode,
     FineTuneSample,
@@ -82,7 +76,7 @@ class _Seq:
             output_tokens=len(self.output), first_token_time=first, last_token_time=last, slo=self.request.slo)
 
 
-class HfHost:
+class HfHost(InstallsHooks):
     """:class:`~deltaserve_core.hooks.HostHooks` and :class:`~deltaserve_core.driver.HostDriver` over transformers."""
 
     name = "hf"
@@ -123,15 +117,6 @@ class HfHost:
         return ModelSpec(path=str(self.config.model), architecture=type(self.model).__name__,
                          num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
                          dtype=self.config.dtype)
-
-    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
-        self.hooks.interceptor = interceptor
-
-    def capture_activation(self, sink: ActivationSink | None) -> None:
-        self.hooks.activation_sink = sink
-
-    def report_step_time(self, sink: StepSink | None) -> None:
-        self.hooks.step_sink = sink
 
     def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
         return ExecutionMode.EAGER  # plain transformers: no graphs, every step eager
