@@ -91,6 +91,12 @@ class HfHost(InstallsHooks):
         self.peft: Any = None  # the PeftModel wrapping ``self.model``, made when the first adapter is loaded
         self._slots: dict[str, str] = {}  # engine adapter name -> PEFT adapter name
         self._slot_ids = itertools.count()
+        #: per PEFT adapter: its config and its parameters under LoraAdapterState keys (a new version of the same
+        #: shape is copied into them: PEFT's add_adapter walks and rewraps the whole model)
+        self._slot_params: dict[str, tuple[Any, dict[str, torch.nn.Parameter]]] = {}
+        #: what the PEFT layers are set to (None: unknown, e.g. after an add or delete): set_adapter and
+        #: enable/disable_adapter_layers walk every module, so they run only on a change
+        self._active: tuple[bool, str | None] | None = None
         self.hooks = HookSlots()
         self.clock = TokenClock()
         self.inflight = InFlightRequests()
@@ -257,7 +263,7 @@ class HfHost(InstallsHooks):
                 if sink is not None:
                     ids = plan.sample_ids
                     sink.end_step(plan.step_id, () if aborted else ids, ids if aborted else ())
-            for seq in prefills + decodes:
+            for seq in sorted(prefills + decodes, key=lambda q: q.request.adapter or ""):  # few adapter switches
                 self._client_forward(seq)
         self._sync()
         plan.duration = time.monotonic() - plan.start
@@ -310,12 +316,12 @@ class HfHost(InstallsHooks):
         ids = ids.to(self.device)
         if self.peft is None:
             return self.model(input_ids=ids, logits_to_keep=1, **kwargs)
-        if adapter is None:
-            with self.peft.disable_adapter():
-                return self.peft(input_ids=ids, logits_to_keep=1, **kwargs)
-        slot = self._slots[adapter]
-        if self.peft.base_model.active_adapter != slot:  # set_adapter walks every module: only on a change
-            self.peft.base_model.set_adapter(slot, inference_mode=True)
+        want = (adapter is not None, None if adapter is None else self._slots[adapter])
+        if self._active is None or want[0] != self._active[0]:
+            (self.peft.base_model.enable_adapter_layers if want[0] else self.peft.base_model.disable_adapter_layers)()
+        if want[1] is not None and (self._active is None or want[1] != self._active[1]):
+            self.peft.base_model.set_adapter(want[1], inference_mode=True)
+        self._active = want if self._active is None or want[1] is not None else (want[0], self._active[1])
         return self.peft(input_ids=ids, logits_to_keep=1, **kwargs)
 
     def _load(self, name: str, state: LoraAdapterState) -> None:
@@ -328,7 +334,14 @@ class HfHost(InstallsHooks):
         cfg = state.config
         if cfg.r > self.config.max_lora_rank:
             raise ValueError(f"adapter {name!r}: rank {cfg.r} exceeds max_lora_rank={self.config.max_lora_rank}")
+        old = self._slots.get(name)
+        if old is not None and self._slot_params[old][0] == cfg and set(self._slot_params[old][1]) == set(state.tensors):
+            with torch.no_grad():  # same shape as the version it replaces: copy into it, every tensor present
+                for key, param in self._slot_params[old][1].items():
+                    param.copy_(state.tensors[key])
+            return
         slot = f"slot{next(self._slot_ids)}"  # PEFT module names may not hold the '.' or '@' of engine names
+        self._active = None
         peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.target_modules),
                               lora_dropout=0.0, task_type="CAUSAL_LM")
         if self.peft is None:
@@ -342,7 +355,10 @@ class HfHost(InstallsHooks):
                 self._drop(slot)
             raise ValueError(f"adapter {name!r} does not load whole into {type(self.model).__name__}: "
                              f"{unloaded[:3]}")
-        old = self._slots.get(name)
+        params = dict(self.peft.named_parameters())
+        self._slot_params[slot] = (cfg, {k: params[k.replace(".lora_A.weight", f".lora_A.{slot}.weight")
+                                                       .replace(".lora_B.weight", f".lora_B.{slot}.weight")]
+                                         for k in state.tensors})
         self._slots[name] = slot
         if old is not None:
             self._drop(old)
@@ -354,6 +370,8 @@ class HfHost(InstallsHooks):
         with warnings.catch_warnings():  # PEFT warns when the active adapter goes; _forward activates per call
             warnings.filterwarnings("ignore", message=r"Adapter .* was active which is now deleted")
             self.peft.delete_adapter(slot)
+        self._slot_params.pop(slot, None)
+        self._active = None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":  # durations are device-complete
