@@ -163,3 +163,20 @@ def test_hosts_patches_lists_every_record(capsys) -> None:
     for spec in available_hosts().values():
         for r in spec.patch_records():
             assert r.target in out and "remove when:" in out
+
+
+def test_installs_hooks_replaces_and_removes() -> None:
+    class Host(hostkit.InstallsHooks):
+        def __init__(self) -> None:
+            self.hooks = hostkit.HookSlots()
+
+    host, first, second = Host(), object(), object()
+    host.intercept_schedule(first)  # type: ignore[arg-type]
+    host.capture_activation(first)  # type: ignore[arg-type]
+    host.report_step_time(first)  # type: ignore[arg-type]
+    host.intercept_schedule(second)  # type: ignore[arg-type]
+    assert host.hooks.interceptor is second and host.hooks.activation_sink is first
+    host.intercept_schedule(None)
+    host.capture_activation(None)
+    host.report_step_time(None)
+    assert (host.hooks.interceptor, host.hooks.activation_sink, host.hooks.step_sink) == (None, None, None)

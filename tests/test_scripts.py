@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,3 +63,9 @@ def test_a_selection_that_empties_a_module_is_a_pass() -> None:
 
     assert ok(0) and ok(5, "-k", "publish") and ok(5, "-mslow")
     assert not ok(5) and not ok(5, "-x") and not ok(1, "-k", "publish")
+
+
+def test_import_direction_holds() -> None:
+    # docs/architecture.md states it: the core never imports an adapter, the contract imports only the contract
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_import_direction.py")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -4,7 +4,8 @@ An adapter meets its engine at three places (the scheduler, the forward, the out
 hook objects where those places can read them. What it does there is the same on every engine and lives here:
 
 - :class:`HookSlots`: the three objects the core installs (interceptor, activation sink, step sink) and the
-  calibration switch, as one record an adapter's per-engine state extends.
+  calibration switch, as one record an adapter's per-engine state extends; :class:`InstallsHooks`: the three
+  installation hooks of :class:`~deltaserve_core.hooks.HostHooks` for a host that keeps them in one.
 - :class:`StepPlan` and :meth:`StepPlan.to_record`: what was decided for one step, and the
   :class:`~deltaserve_core.types.StepRecord` it becomes once the engine ran it.
 - :class:`TokenClock`: first/last token times of client requests, for the TTFT/TPOT budgets of the next
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HookSlots",
+    "InstallsHooks",
     "check_patch_records",
     "profile_seed",
     "published_pattern",
@@ -88,6 +90,24 @@ class HookSlots:
     #: calibration: while set, the interceptor is not consulted; ``profile_samples`` are the next step's rows
     profiling: bool = False
     profile_samples: tuple[FineTuneSample, ...] | None = None
+
+
+class InstallsHooks:
+    """``intercept_schedule``, ``capture_activation`` and ``report_step_time`` for a host whose engine reads the
+    core's objects from ``self.hooks`` (a :class:`HookSlots`): each install replaces the previous object and
+    ``None`` removes it, as the protocol requires. Hosts that must ship the objects elsewhere (another process)
+    write their own."""
+
+    hooks: HookSlots
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        self.hooks.interceptor = interceptor
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        self.hooks.activation_sink = sink
+
+    def report_step_time(self, sink: StepSink | None) -> None:
+        self.hooks.step_sink = sink
 
 
 @dataclass
