@@ -50,8 +50,8 @@ from deltaserve_core.job_config import JobConfigError, load_job_config
 
 from .locate import SloraCheckout, SloraNotFoundError, activate, locate_slora
 
-__all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "main", "parse_args",
-           "profile_key", "router_process"]
+__all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "detokenization_process", "main",
+           "parse_args", "profile_key", "router_process"]
 
 log = logging.getLogger("deltaserve.slora.launch")
 
@@ -148,6 +148,12 @@ def check_slora_args(slora_argv: Sequence[str]) -> tuple[list[str], Path]:
         if getattr(ns, flag.lstrip("-").replace("-", "_")):
             raise ValueError(f"drop {flag}: DeltaServe cannot co-serve with it ({why})")
     model = Path(ns.model_dir).expanduser().resolve()
+    if "llama" not in ns.model_dir.split("/")[-1].lower():
+        # api_server.main sizes the model by its folder name (print_mem_stats -> mprophet ModelConfig) and raises
+        # NotImplementedError unless it names a Llama: the server would die right after loading the model.
+        raise ValueError(f"--model_dir {ns.model_dir}: S-LoRA's API server only starts for a folder whose name "
+                         "contains 'llama' (it sizes the model by that name); rename or symlink it, e.g. "
+                         f"{model.parent / (model.name + '-llama')}, and pass that (without a trailing /)")
     cfg_path = model / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"--model_dir {ns.model_dir}: no config.json there (a Hugging Face checkpoint folder)")
@@ -264,15 +270,25 @@ class RouterRuntime(EngineRuntime):
 def router_process(settings: LaunchSettings, args: Any, router_port: int, detokenization_port: int,
                    model_rpc_ports: list[int], mode: Any, pipe_writer: Any) -> None:
     """S-LoRA's router process with DeltaServe: what ``api_server.main`` spawns in place of its
-    ``start_router_process`` (same arguments after ``settings``), which this then runs."""
+    ``start_router_process`` (same arguments after ``settings``), which this then runs.
+
+    It first restores S-LoRA's module-level ``setting`` from ``args``: ``api_server.main`` writes ``nccl_port`` and
+    ``max_req_total_len`` there in the launcher process only, and a spawned process re-imports the defaults (nccl
+    port 28765, 5120 tokens), so S-LoRA's own server ignores ``--nccl_port`` (two servers on one machine collide:
+    EADDRINUSE) and ``--max_req_total_len`` in its router."""
     _route_logs()
     checkout = locate_slora(settings.slora_root)
     activate(checkout)
+    from slora.common.configs.config import setting
     from slora.server.router import manager
+
+    setting["nccl_port"] = args.nccl_port
+    setting["max_req_total_len"] = args.max_req_total_len
 
     from .patches import PATCHES, install_router_start
 
-    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target])  # that one in the launcher process
+    # the launcher process's wraps (api_server.main's spawn targets)
+    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target, PATCHES[12].target])
     runtime.applied += install_router_start(manager.RouterManager, runtime.attach)
     try:
         manager.start_router_process(args, router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)
@@ -283,6 +299,17 @@ def router_process(settings: LaunchSettings, args: Any, router_port: int, detoke
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         runtime.stop()
+
+
+def detokenization_process(*args: Any) -> None:
+    """S-LoRA's detokenizer process: what ``api_server.main`` spawns in place of its
+    ``start_detokenization_process`` (same arguments). S-LoRA's calls ``asyncio.get_event_loop()`` with no loop set,
+    which uvloop >= 0.22 refuses (Python >= 3.12 no longer makes one implicitly); this sets a fresh loop of the
+    policy S-LoRA installed (uvloop), then runs S-LoRA's function unchanged."""
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    from slora.server.detokenization.manager import start_detokenization_process
+
+    start_detokenization_process(*args)
 
 
 # ------------------------------------------------------------------------------------------ launcher process
@@ -336,7 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .patches import install_server_entry
 
-    install_server_entry(api_server, functools.partial(router_process, settings))
+    install_server_entry(api_server, functools.partial(router_process, settings), detokenization_process)
     sys.argv = [str(api_server.__file__), *slora_argv]
     signal.signal(signal.SIGTERM, _sigterm)
     log.info("starting S-LoRA's API server (%s) with DeltaServe: job %s", checkout.describe(), job_path)
