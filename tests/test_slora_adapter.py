@@ -240,25 +240,28 @@ def test_launch_refuses_slora_options_it_cannot_run_with(tmp_path: Path) -> None
     from deltaserve_slora.launch import check_slora_args
 
     model = _mha_config(tmp_path)
-    argv, resolved = check_slora_args(["--model_dir", str(model), "--port", "8000"])
-    assert argv == ["--model_dir", str(model), "--port", "8000", "--swap"] and resolved == model.resolve()
-    assert check_slora_args(["--model_dir", str(model), "--swap"])[0].count("--swap") == 1
+    lora = ["--lora-dirs", "/adapters/a"]
+    argv, resolved = check_slora_args(["--model_dir", str(model), "--port", "8000", *lora])
+    assert argv == ["--model_dir", str(model), "--port", "8000", *lora, "--swap"] and resolved == model.resolve()
+    assert check_slora_args(["--model_dir", str(model), "--swap", *lora])[0].count("--swap") == 1
+    with pytest.raises(ValueError, match="at least one --lora-dirs"):
+        check_slora_args(["--model_dir", str(model)])
     for bad, match in ((["--tp", "2"], "--tp 1"), (["--scheduler", "pets"], "--scheduler slora"),
                        (["--batch-num-adapters", "2"], "batch-num-adapters"), (["--enable-abort"], "drop --enable-abort"),
                        (["--bmm"], "drop --bmm"), (["--no-lora"], "drop --no-lora"), (["--enable-ab"], "in full"),
                        (["--prefetch"], "drop --prefetch")):
         with pytest.raises(ValueError, match=match):
-            check_slora_args(["--model_dir", str(model), *bad])
+            check_slora_args(["--model_dir", str(model), *lora, *bad])
     with pytest.raises(ValueError, match="needs --model_dir"):
         check_slora_args(["--port", "8000"])
     named = tmp_path / "tiny-model"
     named.mkdir()
     (named / "config.json").write_text((model / "config.json").read_text())
     with pytest.raises(ValueError, match="contains 'llama'"):
-        check_slora_args(["--model_dir", str(named)])
+        check_slora_args(["--model_dir", str(named), *lora])
     (tmp_path / "gqa").mkdir()
     with pytest.raises(ValueError, match="grouped-query.*write_mha_checkpoint"):
-        check_slora_args(["--model_dir", str(_mha_config(tmp_path / "gqa", kv_heads=2))])
+        check_slora_args(["--model_dir", str(_mha_config(tmp_path / "gqa", kv_heads=2)), *lora])
 
 
 def test_launch_refuses_a_bad_job_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -278,7 +281,8 @@ def test_launch_without_checkout_names_the_fix(tmp_path: Path, monkeypatch: pyte
     from deltaserve_slora.launch import main
 
     monkeypatch.delenv(ENV_VAR, raising=False)
-    assert main(["--job", str(_job(tmp_path)), "--", "--model_dir", str(_mha_config(tmp_path))]) == 2
+    model = str(_mha_config(tmp_path))
+    assert main(["--job", str(_job(tmp_path)), "--", "--model_dir", model, "--lora-dirs", "/a"]) == 2
     err = capsys.readouterr().err
     assert "--slora-path" in err and ENV_VAR in err and "build_ext" in err and "github.com/S-LoRA/S-LoRA" in err
 
@@ -296,7 +300,8 @@ def test_launch_without_calibration_names_the_command(tmp_path: Path, monkeypatc
     monkeypatch.setattr(sys, "path", list(sys.path))  # activate() puts the checkout on sys.path
     monkeypatch.setenv("DELTASERVE_PROFILE_DIR", str(tmp_path / "profiles"))
     model = _mha_config(tmp_path)
-    assert main(["--job", str(_job(tmp_path)), "--slora-path", str(root), "--", "--model_dir", str(model)]) == 2
+    assert main(["--job", str(_job(tmp_path)), "--slora-path", str(root), "--", "--model_dir", str(model),
+                 "--lora-dirs", "/a"]) == 2
     err = capsys.readouterr().err
     assert f"deltaserve calibrate --host slora --model {model.resolve()} --device cuda --dtype float16" in err
     assert "slora" not in sys.modules

@@ -68,7 +68,7 @@ _REFUSED_FLAGS: dict[str, str] = {
     "--prefetch": "prefetched adapters are loaded asynchronously, past the rows DeltaServe writes",
     "--profile": "it profiles for the 'pets' scheduler only",
 }
-_CHECKED = ("--model_dir", "--tp", "--scheduler", "--batch-num-adapters", "--swap", *_REFUSED_FLAGS)
+_CHECKED = ("--model_dir", "--tp", "--scheduler", "--batch-num-adapters", "--swap", "--lora-dirs", *_REFUSED_FLAGS)
 _CALIBRATE = "deltaserve calibrate --host slora --model {model} --device cuda --dtype float16"
 
 
@@ -115,6 +115,7 @@ def _slora_view(slora_argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scheduler", default="slora")
     p.add_argument("--batch-num-adapters", type=int, default=None)
     p.add_argument("--swap", action="store_true")
+    p.add_argument("--lora-dirs", action="append", default=[])
     for flag in _REFUSED_FLAGS:
         p.add_argument(flag, action="store_true")
     for token in slora_argv:
@@ -147,6 +148,10 @@ def check_slora_args(slora_argv: Sequence[str]) -> tuple[list[str], Path]:
     for flag, why in _REFUSED_FLAGS.items():
         if getattr(ns, flag.lstrip("-").replace("-", "_")):
             raise ValueError(f"drop {flag}: DeltaServe cannot co-serve with it ({why})")
+    if not ns.lora_dirs:
+        # api_server.main's print_mem_stats divides by len(args.lora_dirs): the server would die after loading
+        raise ValueError("S-LoRA's API server needs at least one --lora-dirs ADAPTER_DIR (it divides by their "
+                         "count at start-up); pass a client adapter folder")
     model = Path(ns.model_dir).expanduser().resolve()
     if "llama" not in ns.model_dir.split("/")[-1].lower():
         # api_server.main sizes the model by its folder name (print_mem_stats -> mprophet ModelConfig) and raises
