@@ -20,9 +20,10 @@ import sys
 
 
 def start_detokenization_process(*args):  # noqa: ANN002, ANN201 - S-LoRA's signature, passed through
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    # import first: S-LoRA's module installs uvloop's policy at import; a loop set before that would be invisible
     from slora.server.detokenization.manager import start_detokenization_process as stock
 
+    asyncio.set_event_loop(asyncio.new_event_loop())
     return stock(*args)
 
 

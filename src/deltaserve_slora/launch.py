@@ -311,9 +311,11 @@ def detokenization_process(*args: Any) -> None:
     ``start_detokenization_process`` (same arguments). S-LoRA's calls ``asyncio.get_event_loop()`` with no loop set,
     which uvloop >= 0.22 refuses (Python >= 3.12 no longer makes one implicitly); this sets a fresh loop of the
     policy S-LoRA installed (uvloop), then runs S-LoRA's function unchanged."""
-    asyncio.set_event_loop(asyncio.new_event_loop())
+    # import first: S-LoRA's module installs uvloop's policy at import, and a loop set before that is the old
+    # policy's, which uvloop's get_event_loop does not see
     from slora.server.detokenization.manager import start_detokenization_process
 
+    asyncio.set_event_loop(asyncio.new_event_loop())
     start_detokenization_process(*args)
 
 
