@@ -135,7 +135,7 @@ PATCHES: tuple[PatchRecord, ...] = (
           "offload_adapters(reserve_adapter_dirs) renamed, InferAdapter.adapter_dirs renamed, or "
           "ModelRpcServer.exposed_offload_adapters no longer calling self.infer_adapter.offload_adapters",
           remove_when="when S-LoRA (or the fork in use) handles an offload that keeps no adapter: "
-          "benchmarks/gpu/slora_repro.py then passes with this wrap removed"),
+          "benchmarks/gpu/slora_repro.py --stock-offload then reports the scenario passing without the wrap"),
     Patch("slora.server.api_server.start_detokenization_process", "module",
           "operator path, Python >= 3.12 with uvloop >= 0.22: S-LoRA's detokenizer process calls "
           "asyncio.get_event_loop() with no loop set, which uvloop's policy refuses (RuntimeError: no current event "
