@@ -414,7 +414,12 @@ class SloraHost(SloraHooks):
         except Exception as exc:
             # S-LoRA changes the router's and the model's batch in separate calls: a step that raised part-way can
             # leave them disagreeing, and then every later step fails. Reset to a consistent engine, then re-raise.
-            recover(self.router, self.server, self.channel)
+            try:
+                recover(self.router, self.server, self.channel)
+            except Exception as again:  # noqa: BLE001 - the step's own error is the one to report
+                exc.add_note(f"deltaserve_slora: resetting the engine after this failure failed too ({again!r}); "
+                             "the host's engine state is undefined: restart it")
+                raise exc from None
             waiting = {r.request_id for r in self.router.req_queue.waiting_req_list}
             lost = [rid for rid in self._collector.live if rid not in waiting]
             for rid in lost:
