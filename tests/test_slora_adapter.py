@@ -217,7 +217,7 @@ def _job(tmp: Path, extra: str = "") -> Path:
 
 
 def _mha_config(tmp: Path, kv_heads: int = 4) -> Path:
-    d = tmp / "model"
+    d = tmp / "tiny-llama"  # S-LoRA's API server needs 'llama' in the folder name
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": 4,
                                                "num_key_value_heads": kv_heads, "hidden_size": 128,
@@ -240,20 +240,28 @@ def test_launch_refuses_slora_options_it_cannot_run_with(tmp_path: Path) -> None
     from deltaserve_slora.launch import check_slora_args
 
     model = _mha_config(tmp_path)
-    argv, resolved = check_slora_args(["--model_dir", str(model), "--port", "8000"])
-    assert argv == ["--model_dir", str(model), "--port", "8000", "--swap"] and resolved == model.resolve()
-    assert check_slora_args(["--model_dir", str(model), "--swap"])[0].count("--swap") == 1
+    lora = ["--lora-dirs", "/adapters/a"]
+    argv, resolved = check_slora_args(["--model_dir", str(model), "--port", "8000", *lora])
+    assert argv == ["--model_dir", str(model), "--port", "8000", *lora, "--swap"] and resolved == model.resolve()
+    assert check_slora_args(["--model_dir", str(model), "--swap", *lora])[0].count("--swap") == 1
+    with pytest.raises(ValueError, match="at least one --lora-dirs"):
+        check_slora_args(["--model_dir", str(model)])
     for bad, match in ((["--tp", "2"], "--tp 1"), (["--scheduler", "pets"], "--scheduler slora"),
                        (["--batch-num-adapters", "2"], "batch-num-adapters"), (["--enable-abort"], "drop --enable-abort"),
                        (["--bmm"], "drop --bmm"), (["--no-lora"], "drop --no-lora"), (["--enable-ab"], "in full"),
                        (["--prefetch"], "drop --prefetch")):
         with pytest.raises(ValueError, match=match):
-            check_slora_args(["--model_dir", str(model), *bad])
+            check_slora_args(["--model_dir", str(model), *lora, *bad])
     with pytest.raises(ValueError, match="needs --model_dir"):
         check_slora_args(["--port", "8000"])
+    named = tmp_path / "tiny-model"
+    named.mkdir()
+    (named / "config.json").write_text((model / "config.json").read_text())
+    with pytest.raises(ValueError, match="contains 'llama'"):
+        check_slora_args(["--model_dir", str(named), *lora])
     (tmp_path / "gqa").mkdir()
     with pytest.raises(ValueError, match="grouped-query.*write_mha_checkpoint"):
-        check_slora_args(["--model_dir", str(_mha_config(tmp_path / "gqa", kv_heads=2))])
+        check_slora_args(["--model_dir", str(_mha_config(tmp_path / "gqa", kv_heads=2)), *lora])
 
 
 def test_launch_refuses_a_bad_job_before_anything_starts(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -273,7 +281,8 @@ def test_launch_without_checkout_names_the_fix(tmp_path: Path, monkeypatch: pyte
     from deltaserve_slora.launch import main
 
     monkeypatch.delenv(ENV_VAR, raising=False)
-    assert main(["--job", str(_job(tmp_path)), "--", "--model_dir", str(_mha_config(tmp_path))]) == 2
+    model = str(_mha_config(tmp_path))
+    assert main(["--job", str(_job(tmp_path)), "--", "--model_dir", model, "--lora-dirs", "/a"]) == 2
     err = capsys.readouterr().err
     assert "--slora-path" in err and ENV_VAR in err and "build_ext" in err and "github.com/S-LoRA/S-LoRA" in err
 
@@ -291,7 +300,8 @@ def test_launch_without_calibration_names_the_command(tmp_path: Path, monkeypatc
     monkeypatch.setattr(sys, "path", list(sys.path))  # activate() puts the checkout on sys.path
     monkeypatch.setenv("DELTASERVE_PROFILE_DIR", str(tmp_path / "profiles"))
     model = _mha_config(tmp_path)
-    assert main(["--job", str(_job(tmp_path)), "--slora-path", str(root), "--", "--model_dir", str(model)]) == 2
+    assert main(["--job", str(_job(tmp_path)), "--slora-path", str(root), "--", "--model_dir", str(model),
+                 "--lora-dirs", "/a"]) == 2
     err = capsys.readouterr().err
     assert f"deltaserve calibrate --host slora --model {model.resolve()} --device cuda --dtype float16" in err
     assert "slora" not in sys.modules
@@ -322,9 +332,12 @@ def test_router_entry_pickles_by_reference_for_spawn(tmp_path: Path) -> None:
 
     from deltaserve_slora.launch import LaunchSettings, router_process
 
+    from deltaserve_slora.launch import detokenization_process
+
     entry = functools.partial(router_process, LaunchSettings(job="/j.yaml", slora_root="/s", model_path="/m"))
     back = pickle.loads(pickle.dumps(entry))
     assert back.func is router_process and back.args == entry.args
+    assert pickle.loads(pickle.dumps(detokenization_process)) is detokenization_process
 
 
 def test_operator_wraps_are_recorded_and_restored() -> None:
@@ -342,18 +355,87 @@ def test_operator_wraps_are_recorded_and_restored() -> None:
     assert [p.target for p in operator] == ["slora.server.api_server.start_router_process",
                                           "slora.server.router.manager.RouterManager.wait_to_model_ready",
                                           "slora.server.router.manager.RouterManager.loop_for_fwd",
-                                          "slora.server.router.manager.RouterManager.add_req"]
+                                          "slora.server.router.manager.RouterManager.add_req",
+                                          "slora.server.api_server.start_detokenization_process"]
     assert len(ROUTER_PATCHES) + len(operator) == len(PATCHES)
 
     def stock(*args: object) -> None: ...
 
+    def stock_detok(*args: object) -> None: ...
+
     def entry(*args: object) -> None: ...
+
+    def detok(*args: object) -> None: ...
 
     api_server = types.ModuleType("api_server")
     api_server.start_router_process = stock  # type: ignore[attr-defined]
-    assert install_server_entry(api_server, entry) == [operator[0].target]
-    assert api_server.start_router_process is entry
+    api_server.start_detokenization_process = stock_detok  # type: ignore[attr-defined]
+    assert install_server_entry(api_server, entry, detok) == [operator[0].target, operator[4].target]
+    assert api_server.start_router_process is entry and api_server.start_detokenization_process is detok
     uninstall_operator()
-    assert api_server.start_router_process is stock
+    assert api_server.start_router_process is stock and api_server.start_detokenization_process is stock_detok
     doc = (ROOT / "docs" / "slora-adapter.md").read_text()
     assert "python -m deltaserve_slora.launch --job" in doc
+
+
+def test_offload_reserve_keeps_only_loaded_adapters() -> None:
+    """S-LoRA's InferAdapter.offload_adapters crashes (IndexError) for a non-empty reserve that keeps no loaded
+    adapter, e.g. {None} once only base rows run: the wrap hands it only the loaded adapters of the reserve."""
+    from deltaserve_slora.patches import loaded_reserve
+
+    assert loaded_reserve(["ft", "zero"], {None}) == []  # the crash case: now S-LoRA's offload-everything path
+    assert loaded_reserve(["ft", "zero", "client"], [None, "client"]) == ["client"]
+    assert loaded_reserve(["client"], [None, "client"]) == ["client"]  # keeps all: S-LoRA's no-op path
+    assert loaded_reserve(["a", "b"], ["b", "gone", "b", "a"]) == ["b", "a"]
+    assert loaded_reserve([], None) == []
+
+
+def test_recover_leaves_router_and_model_consistent() -> None:
+    """After a step raised part-way (router batch filtered, model batch not, pool index half-rewritten), recover()
+    drops the running batch on both sides, frees its model batch, resets the pool and clears the step plan."""
+    import types
+
+    from deltaserve_slora.patches import FINETUNE_REQUEST_PREFIX, Channel, StepPlan, recover
+
+    freed = []
+
+    class InferBatch:
+        def __init__(self, ids):
+            self.requests = [{"request_id": i} for i in ids]
+
+        def free_self(self):
+            freed.append([r["request_id"] for r in self.requests])
+
+    class Shape:
+        def __init__(self, n):
+            self.shape = (n,)
+
+    class Pool:
+        def __init__(self, dirs, starts):
+            self.adapter_dirs, self.idx_map = list(dirs), {d: i for i, d in enumerate(dirs)}
+            self.a_start, self.a_loc, self.a_len, self.a_scaling = Shape(starts), Shape(0), Shape(starts), Shape(0)
+            self.prefetch_tag, self.cur_tag, self.mem_manager, self.prefetch_stream = {}, 0, "mm", None
+            self.offloaded = []
+
+        @classmethod
+        def init(cls, mem_manager, prefetch_stream):
+            return cls([], 0)
+
+        def offload_adapters(self, reserve):
+            self.offloaded.append(list(reserve))
+
+    router = types.SimpleNamespace(running_batch=types.SimpleNamespace(reqs=[types.SimpleNamespace(request_id="r0")]),
+                                   has_wait_tokens=7)
+    pool = Pool([], 2)  # S-LoRA's failed offload: dirs/idx_map cleared, a_start still two entries
+    ft_batch = InferBatch([FINETUNE_REQUEST_PREFIX + "1-2"])
+    server = types.SimpleNamespace(cache={"b": InferBatch(["r0", "r1"]), "c": ft_batch}, infer_adapter=pool)
+    ch = Channel()
+    ch.plans["b"] = StepPlan(step_id=3)
+    assert recover(router, server, ch) == ["r0", "r1"]
+    assert router.running_batch is None and router.has_wait_tokens == 0 and not server.cache and not ch.plans
+    assert sorted(freed) == [[FINETUNE_REQUEST_PREFIX + "1-2"], ["r0", "r1"]]
+    assert server.infer_adapter is pool and pool.a_start.shape == (0,) and pool.offloaded == []  # rebuilt in place
+    consistent = Pool(["ft", "zero"], 2)
+    server.infer_adapter = consistent
+    recover(router, server, ch)
+    assert consistent.offloaded == [[]]  # a consistent pool is offloaded through S-LoRA's own path

@@ -136,7 +136,8 @@ def test_training_through_slora_equals_plain_peft(host, dataset: Path, tiny_mode
 
 # ------------------------------------------------------------------------------------------ operator path
 # S-LoRA's own API server started by `python -m deltaserve_slora.launch` (DeltaServe in its router process) against
-# the same server started plainly (`python -m slora.server.api_server`), both as subprocesses on one GPU.
+# the same server started plainly (S-LoRA's api_server.main through tests/slora_stock_server.py, which adds only the
+# Python-3.12 event-loop fix its detokenizer needs), both as subprocesses on one GPU.
 
 OPERATOR_PROMPTS = ["one two three four", "hello world this is a", "count to five six seven", "the cat sat on"]
 OPERATOR_MAX_NEW = 8
@@ -208,7 +209,8 @@ def operator_servers(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
 
     tmp = tmp_path_factory.mktemp("slora-operator")
     checkout = locate_slora()
-    mha, mha_cfg = layout.write_mha_checkpoint(tiny_model, tmp / "tiny-mha")  # S-LoRA serves MHA only
+    # S-LoRA serves MHA only; its API server only starts for a folder named like a Llama (print_mem_stats)
+    mha, mha_cfg = layout.write_mha_checkpoint(tiny_model, tmp / "tiny-llama-mha")
     hf_cfg = json.loads((tiny_model / "config.json").read_text())
     adapter = str(layout.write_slora_adapter(LoraAdapterState.load_pretrained(tiny_adapter, name="client"), hf_cfg,
                                              tmp / "adapters" / "client"))
@@ -229,9 +231,10 @@ def operator_servers(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path,
     stock_log, ds_log, cal_log = tmp / "stock.log", tmp / "deltaserve.log", tmp / "calibrate.log"
     procs = []
     with open(stock_log, "w") as f:
-        stock = subprocess.Popen([sys.executable, "-m", "slora.server.api_server", *common, "--port", str(stock_port),
-                                  "--nccl_port", str(port())], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=tmp,
-                                 start_new_session=True)
+        # stock S-LoRA plus only its Python-3.12 event-loop fix (see tests/slora_stock_server.py)
+        stock = subprocess.Popen([sys.executable, str(Path(__file__).with_name("slora_stock_server.py")), *common,
+                                  "--port", str(stock_port), "--nccl_port", str(port())], env=env, stdout=f,
+                                 stderr=subprocess.STDOUT, cwd=tmp, start_new_session=True)
     procs.append(stock)
     try:
         with open(cal_log, "w") as f:  # the operator's one-time step; concurrent with the stock server's start-up

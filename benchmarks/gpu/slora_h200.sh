@@ -15,7 +15,7 @@
 # annotated-types, typing-inspection, typing-extensions), installed to /tmp/site. SLORA_COMMIT names the S-LoRA
 # commit in the JSON when the source has no git metadata.
 # A partial run (SLORA_CONFORMANCE=0, SLORA_PYTEST_ARGS selecting tests, e.g. "-k operator_path") skips the
-# conformance suite and the JSON summary.
+# conformance suite and the JSON summary. SLORA_REPRO=1 builds, runs benchmarks/gpu/slora_repro.py only, and exits.
 set -uo pipefail
 SLORA_SRC=${SLORA_SRC:?set SLORA_SRC to an S-LoRA checkout}
 OUT=${OUT:-benchmarks/results}
@@ -50,6 +50,11 @@ else
   echo "built S-LoRA kernels in $(( $(date +%s) - t0 )) s"
 fi
 export DELTASERVE_SLORA_PATH="$BUILD"
+
+if [ "${SLORA_REPRO:-0}" = 1 ]; then  # only the replay of the 2026-12-02 conformance failure (slora_repro.py)
+  timeout ${T_REPRO:-300} python3 benchmarks/gpu/slora_repro.py --stock-offload 2>&1 | tee "$OUT/slora_logs/repro.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 
 if [ "${SLORA_CONFORMANCE:-1}" = 1 ]; then
 timeout ${T_CONF:-240} deltaserve conformance slora --device cuda --dtype float16 -v -- -p no:cacheprovider \

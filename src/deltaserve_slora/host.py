@@ -63,7 +63,7 @@ from deltaserve_core.types import (
 
 from . import layout
 from .locate import SloraCheckout, activate, locate_slora
-from .patches import FINETUNE_REQUEST_PREFIX, Channel, install, note_arrival, uninstall
+from .patches import FINETUNE_REQUEST_PREFIX, Channel, install, note_arrival, recover, uninstall
 
 __all__ = ["SloraHooks", "SloraHost", "engine_version"]
 
@@ -409,7 +409,25 @@ class SloraHost(SloraHooks):
         return bool(self._collector.live)
 
     def _step(self) -> None:
-        self._loop.run_until_complete(self.router._step())
+        try:
+            self._loop.run_until_complete(self.router._step())
+        except Exception as exc:
+            # S-LoRA changes the router's and the model's batch in separate calls: a step that raised part-way can
+            # leave them disagreeing, and then every later step fails. Reset to a consistent engine, then re-raise.
+            try:
+                recover(self.router, self.server, self.channel)
+            except Exception as again:  # noqa: BLE001 - the step's own error is the one to report
+                exc.add_note(f"deltaserve_slora: resetting the engine after this failure failed too ({again!r}); "
+                             "the host's engine state is undefined: restart it")
+                raise exc from None
+            waiting = {r.request_id for r in self.router.req_queue.waiting_req_list}
+            lost = [rid for rid in self._collector.live if rid not in waiting]
+            for rid in lost:
+                self._collector.live.pop(rid, None)
+                self.channel.info.pop(rid, None)
+            exc.add_note(f"deltaserve_slora: this S-LoRA step failed, so the host dropped its running batch and reset "
+                         f"its engine state (later steps run on a consistent engine); requests {lost} get no output")
+            raise
 
     def step(self) -> list[ClientOutput]:
         self._step()

@@ -50,8 +50,8 @@ from deltaserve_core.job_config import JobConfigError, load_job_config
 
 from .locate import SloraCheckout, SloraNotFoundError, activate, locate_slora
 
-__all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "main", "parse_args",
-           "profile_key", "router_process"]
+__all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "detokenization_process", "main",
+           "parse_args", "profile_key", "router_process"]
 
 log = logging.getLogger("deltaserve.slora.launch")
 
@@ -68,7 +68,7 @@ _REFUSED_FLAGS: dict[str, str] = {
     "--prefetch": "prefetched adapters are loaded asynchronously, past the rows DeltaServe writes",
     "--profile": "it profiles for the 'pets' scheduler only",
 }
-_CHECKED = ("--model_dir", "--tp", "--scheduler", "--batch-num-adapters", "--swap", *_REFUSED_FLAGS)
+_CHECKED = ("--model_dir", "--tp", "--scheduler", "--batch-num-adapters", "--swap", "--lora-dirs", *_REFUSED_FLAGS)
 _CALIBRATE = "deltaserve calibrate --host slora --model {model} --device cuda --dtype float16"
 
 
@@ -115,6 +115,7 @@ def _slora_view(slora_argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scheduler", default="slora")
     p.add_argument("--batch-num-adapters", type=int, default=None)
     p.add_argument("--swap", action="store_true")
+    p.add_argument("--lora-dirs", action="append", default=[])
     for flag in _REFUSED_FLAGS:
         p.add_argument(flag, action="store_true")
     for token in slora_argv:
@@ -147,7 +148,17 @@ def check_slora_args(slora_argv: Sequence[str]) -> tuple[list[str], Path]:
     for flag, why in _REFUSED_FLAGS.items():
         if getattr(ns, flag.lstrip("-").replace("-", "_")):
             raise ValueError(f"drop {flag}: DeltaServe cannot co-serve with it ({why})")
+    if not ns.lora_dirs:
+        # api_server.main's print_mem_stats divides by len(args.lora_dirs): the server would die after loading
+        raise ValueError("S-LoRA's API server needs at least one --lora-dirs ADAPTER_DIR (it divides by their "
+                         "count at start-up); pass a client adapter folder")
     model = Path(ns.model_dir).expanduser().resolve()
+    if "llama" not in ns.model_dir.split("/")[-1].lower():
+        # api_server.main sizes the model by its folder name (print_mem_stats -> mprophet ModelConfig) and raises
+        # NotImplementedError unless it names a Llama: the server would die right after loading the model.
+        raise ValueError(f"--model_dir {ns.model_dir}: S-LoRA's API server only starts for a folder whose name "
+                         "contains 'llama' (it sizes the model by that name); rename or symlink it, e.g. "
+                         f"{model.parent / (model.name + '-llama')}, and pass that (without a trailing /)")
     cfg_path = model / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"--model_dir {ns.model_dir}: no config.json there (a Hugging Face checkpoint folder)")
@@ -264,15 +275,25 @@ class RouterRuntime(EngineRuntime):
 def router_process(settings: LaunchSettings, args: Any, router_port: int, detokenization_port: int,
                    model_rpc_ports: list[int], mode: Any, pipe_writer: Any) -> None:
     """S-LoRA's router process with DeltaServe: what ``api_server.main`` spawns in place of its
-    ``start_router_process`` (same arguments after ``settings``), which this then runs."""
+    ``start_router_process`` (same arguments after ``settings``), which this then runs.
+
+    It first restores S-LoRA's module-level ``setting`` from ``args``: ``api_server.main`` writes ``nccl_port`` and
+    ``max_req_total_len`` there in the launcher process only, and a spawned process re-imports the defaults (nccl
+    port 28765, 5120 tokens), so S-LoRA's own server ignores ``--nccl_port`` (two servers on one machine collide:
+    EADDRINUSE) and ``--max_req_total_len`` in its router."""
     _route_logs()
     checkout = locate_slora(settings.slora_root)
     activate(checkout)
+    from slora.common.configs.config import setting
     from slora.server.router import manager
+
+    setting["nccl_port"] = args.nccl_port
+    setting["max_req_total_len"] = args.max_req_total_len
 
     from .patches import PATCHES, install_router_start
 
-    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target])  # that one in the launcher process
+    # the launcher process's wraps (api_server.main's spawn targets)
+    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target, PATCHES[12].target])
     runtime.applied += install_router_start(manager.RouterManager, runtime.attach)
     try:
         manager.start_router_process(args, router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)
@@ -283,6 +304,19 @@ def router_process(settings: LaunchSettings, args: Any, router_port: int, detoke
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         runtime.stop()
+
+
+def detokenization_process(*args: Any) -> None:
+    """S-LoRA's detokenizer process: what ``api_server.main`` spawns in place of its
+    ``start_detokenization_process`` (same arguments). S-LoRA's calls ``asyncio.get_event_loop()`` with no loop set,
+    which uvloop >= 0.22 refuses (Python >= 3.12 no longer makes one implicitly); this sets a fresh loop of the
+    policy S-LoRA installed (uvloop), then runs S-LoRA's function unchanged."""
+    # import first: S-LoRA's module installs uvloop's policy at import, and a loop set before that is the old
+    # policy's, which uvloop's get_event_loop does not see
+    from slora.server.detokenization.manager import start_detokenization_process
+
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    start_detokenization_process(*args)
 
 
 # ------------------------------------------------------------------------------------------ launcher process
@@ -336,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .patches import install_server_entry
 
-    install_server_entry(api_server, functools.partial(router_process, settings))
+    install_server_entry(api_server, functools.partial(router_process, settings), detokenization_process)
     sys.argv = [str(api_server.__file__), *slora_argv]
     signal.signal(signal.SIGTERM, _sigterm)
     log.info("starting S-LoRA's API server (%s) with DeltaServe: job %s", checkout.describe(), job_path)

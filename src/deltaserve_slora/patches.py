@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 import types
 import uuid
@@ -33,8 +34,10 @@ from deltaserve_core.types import (
 )
 
 __all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "ROUTER_PATCHES", "Channel", "Patch", "StepPlan", "install",
-           "install_arrivals", "install_idle_loop", "install_router_start", "install_server_entry", "note_arrival", "uninstall",
-           "uninstall_operator"]
+           "install_arrivals", "install_idle_loop", "install_router_start", "install_server_entry", "loaded_reserve",
+           "note_arrival", "recover", "uninstall", "uninstall_operator"]
+
+_log = logging.getLogger("deltaserve.slora")
 
 #: S-LoRA request ids of fine-tuning rows (client ids with this prefix are refused by the host).
 FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
@@ -94,7 +97,9 @@ PATCHES: tuple[PatchRecord, ...] = (
     Patch("slora.server.api_server.start_router_process", "module",
           "operator path, in the launcher process: S-LoRA's api_server.main spawns its router process with this "
           "name as the target; the launcher points it at deltaserve_slora.launch.router_process (picklable, so the "
-          "spawned process runs it), which installs the wrap below and then runs S-LoRA's own start_router_process",
+          "spawned process runs it), which restores S-LoRA's module-level setting (nccl_port, max_req_total_len: "
+          "api_server.main sets them in its own process only, so under spawn S-LoRA's router uses the defaults and "
+          "ignores --nccl_port), installs the wrap below and then runs S-LoRA's own start_router_process",
           "api_server.main no longer starting the router as mp.Process(target=start_router_process, args=(args, "
           "router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)) through its module-level name",
           applies="operator"),
@@ -118,6 +123,29 @@ PATCHES: tuple[PatchRecord, ...] = (
           "for the driver's requests (both through note_arrival)",
           "add_req(adapter_dir, prompt_ids, sampling_params, request_id) renamed, or requests entering the queue "
           "another way", applies="operator"),
+    Patch("slora.server.router.model_infer.infer_adapter.InferAdapter.offload_adapters", "instance",
+          "fixes S-LoRA's offload crash: offload_adapters(reserve) with a non-empty reserve that keeps none of the "
+          "loaded adapters (e.g. {None}: only base rows left) raises IndexError at `new_a_start[0] = 0` after it "
+          "already cleared idx_map/adapter_dirs and freed the cells, so _handle_finish_req never filters the model "
+          "batch (router and model batches diverge: KeyError in _add_token_id_to_req on every later decode) and the "
+          "pool index is corrupt. Fine-tuning rows make that routine: a prefill loads the reserved adapter and the "
+          "zero adapter, the fine-tuning rows retire, and the first decode that finishes a base row while another "
+          "runs offloads with reserve {None}. The wrap passes only the reserved dirs that are loaded, so 'keep none' "
+          "takes S-LoRA's own offload-everything path and 'keep all' its no-op path",
+          "offload_adapters(reserve_adapter_dirs) renamed, InferAdapter.adapter_dirs renamed, or "
+          "ModelRpcServer.exposed_offload_adapters no longer calling self.infer_adapter.offload_adapters",
+          remove_when="when S-LoRA (or the fork in use) handles an offload that keeps no adapter: "
+          "benchmarks/gpu/slora_repro.py --stock-offload then reports the scenario passing without the wrap"),
+    Patch("slora.server.api_server.start_detokenization_process", "module",
+          "operator path, Python >= 3.12 with uvloop >= 0.22: S-LoRA's detokenizer process calls "
+          "asyncio.get_event_loop() with no loop set, which uvloop's policy refuses (RuntimeError: no current event "
+          "loop), so the server never answers. api_server.main spawns it through this module-level name; the launcher "
+          "points it at deltaserve_slora.launch.detokenization_process (picklable by name under spawn), which sets a "
+          "new event loop and then runs S-LoRA's own start_detokenization_process unchanged",
+          "api_server.main no longer starting the detokenizer as mp.Process(target=start_detokenization_process, "
+          "...) through its module-level name", applies="operator",
+          remove_when="when S-LoRA creates its detokenizer's event loop itself (asyncio.new_event_loop / "
+          "asyncio.run), or DeltaServe drops S-LoRA"),
 )
 
 #: the patches every router DeltaServe runs in gets (:func:`install`); the rest are the operator path's
@@ -407,10 +435,28 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
         return __init__
 
     _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].target, wrap_init, ch.installed)
+
+    # -- adapter offload (S-LoRA crash when the reserve keeps no loaded adapter) -------------------------------
+    pool = server.infer_adapter
+
+    def wrap_offload(orig: Callable[..., Any]) -> Callable[..., Any]:
+        def offload_adapters(reserve_adapter_dirs: Any = None, *args: Any, **kwargs: Any) -> Any:
+            return orig(loaded_reserve(pool.adapter_dirs, reserve_adapter_dirs), *args, **kwargs)
+        return offload_adapters
+
+    _wrap(pool, "offload_adapters", PATCHES[11].target, wrap_offload, ch.installed)
     return list(ch.installed)
 
 
 _CAPTURE: dict[str, Any] = {"sink": None, "rows": {}, "step_id": -1, "synthetic_rows": {}}
+
+
+def loaded_reserve(loaded: Any, reserve: Any) -> list[Any]:
+    """The offload wrap's reserve: the adapters of ``reserve`` that are loaded (``loaded``), in order, once each.
+    ``None`` (base rows) and adapters not in the pool drop out, so S-LoRA's offload sees [] when it keeps nothing
+    (its offload-everything path) and the whole pool when it keeps everything (its no-op path)."""
+    pool = set(loaded)
+    return [d for d in dict.fromkeys(reserve or ()) if d in pool]
 
 
 def _ensure_zero_adapter(server: Any, ch: Channel) -> None:
@@ -418,6 +464,41 @@ def _ensure_zero_adapter(server: Any, ch: Channel) -> None:
         raise RuntimeError("deltaserve_slora: no zero adapter registered for base rows")
     if ch.zero_dir not in server.infer_adapter.idx_map:
         server.infer_adapter.load_adapters([server.adapters[server.adapter_id[ch.zero_dir]]])
+
+
+def recover(router: Any, server: Any, ch: Channel) -> list[str]:
+    """After a step raised: bring router and model state back to one consistent, empty running state.
+
+    A step that raises part-way (S-LoRA updates the router's ``Batch`` and the model's ``InferBatch`` in separate
+    calls) can leave them disagreeing about which requests run, and every later decode then fails. This drops the
+    running batch on both sides (its KV cells are freed where the model batch is intact), offloads every adapter
+    (rebuilding the pool index if the failure left it inconsistent), and clears this step's plan. Waiting requests
+    stay queued. Returns the ids of the requests that were running: they get no further output."""
+    global _ACTIVE
+    dropped: list[str] = []
+    batch = router.running_batch
+    if batch is not None:
+        dropped += [r.request_id for r in batch.reqs]
+    for batch_id in list(server.cache):
+        infer_batch = server.cache.pop(batch_id)
+        dropped += [r["request_id"] for r in infer_batch.requests if r["request_id"] not in dropped]
+        try:
+            infer_batch.free_self()
+        except Exception:  # noqa: BLE001 - a batch the failure left half-built: its cells stay allocated
+            pass
+    router.running_batch = None
+    router.has_wait_tokens = 0
+    pool = server.infer_adapter
+    if len(pool.adapter_dirs) == int(pool.a_start.shape[0]) == len(pool.idx_map):
+        pool.offload_adapters([])
+    else:  # S-LoRA's offload failed half-way: its index no longer matches its cells; start from an empty pool
+        fresh = type(pool).init(pool.mem_manager, pool.prefetch_stream)
+        for name in ("adapter_dirs", "a_loc", "a_start", "a_len", "a_scaling", "idx_map", "prefetch_tag", "cur_tag"):
+            setattr(pool, name, getattr(fresh, name))
+    ch.plans.clear()
+    ch.current, _ACTIVE = None, None
+    _CAPTURE.update(sink=None, rows={}, step_id=-1, synthetic_rows={})
+    return [rid for rid in dropped if not rid.startswith(FINETUNE_REQUEST_PREFIX)]
 
 
 def uninstall() -> None:
@@ -433,12 +514,16 @@ def uninstall() -> None:
 IDLE_WAIT_S = 0.01
 
 
-def install_server_entry(api_server: types.ModuleType, entry: Callable[..., None]) -> list[str]:
-    """Launcher process: S-LoRA's ``api_server.main`` spawns its router process with ``entry`` (same arguments).
+def install_server_entry(api_server: types.ModuleType, entry: Callable[..., None],
+                         detokenizer_entry: Callable[..., None]) -> list[str]:
+    """Launcher process: S-LoRA's ``api_server.main`` spawns its router process with ``entry`` and its detokenizer
+    process with ``detokenizer_entry`` (same arguments as S-LoRA's).
 
-    ``entry`` must be picklable by reference (S-LoRA's server uses the spawn start method)."""
+    Both must be picklable by reference (S-LoRA's server uses the spawn start method)."""
     names: list[str] = []
     _wrap(api_server, "start_router_process", PATCHES[7].target, lambda _orig: entry, names, _LAUNCH_UNDO)
+    _wrap(api_server, "start_detokenization_process", PATCHES[12].target, lambda _orig: detokenizer_entry, names,
+          _LAUNCH_UNDO)
     return names
 
 
@@ -471,7 +556,14 @@ def install_idle_loop(router: Any, ch: Channel, wants_idle_step: Callable[[], bo
                 loop.add_signal_handler(sig, on_signal)
             while not stop_requested():
                 before = ch.forwards
-                await router._step()
+                try:
+                    await router._step()
+                except Exception:  # noqa: BLE001 - the loop must survive a failed step (S-LoRA's would die)
+                    dropped = recover(router, router.model_rpcs[0].model, ch)
+                    _log.exception("S-LoRA step failed; running batch dropped (requests %s get no further output), "
+                                   "engine state reset", dropped)
+                    await asyncio.sleep(IDLE_WAIT_S)
+                    continue
                 if router.running_batch is not None:
                     router.stats_tool.print_stats()  # as S-LoRA's loop; its next _step yields to netio
                 elif ch.forwards > before and wants_idle_step():
