@@ -62,7 +62,7 @@ def test_all_finite() -> None:
     assert all_finite([])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200: vllm_h200.sh)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on the H200: benchmarks/gpu/vllm_h200.sh step 0)")
 def test_all_finite_across_devices() -> None:
     # Adam on CUDA parameters keeps state["step"] on the CPU: a checkpoint's optimizer state spans two devices.
     cuda, cpu = torch.ones(3, device="cuda"), torch.tensor(4.0)

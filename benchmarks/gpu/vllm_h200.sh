@@ -22,6 +22,10 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit
   python3 -c "import torch, transformers, peft, importlib.metadata as m; print('vllm', m.version('vllm'), 'torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"; } \
   2>&1 | tee "$OUT/vllm_cuda_env.txt"
 
+# (0) the CUDA-only unit tests: the finite check across devices, the capture points under CUDA Inductor
+timeout ${T_UNIT:-120} python3 -m pytest tests/test_nonfinite.py::test_all_finite_across_devices tests/test_vllm_layer_tap.py \
+  -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/test_cuda_units.txt" | tail -3
+
 # (1) conformance, bf16, CUDA graphs on decode steps. H200 2026-11-30: 15/16; the failing check
 #     (declining_leaves_batch_unchanged) runs the same prompts twice and the second run hits vLLM's prefix cache
 #     (CUDA block size 16; the CPU build's blocks are larger than the suite's prompts). See docs/vllm-adapter.md.

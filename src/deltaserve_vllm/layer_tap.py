@@ -86,9 +86,8 @@ def _layer_args(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor |
 
 
 def _eager_hook(tap: Tap, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    if tap.receiver is not None:
-        hidden, residual = _layer_args(args, kwargs)
-        tap.receiver(layer, hidden, residual)
+    if tap.receiver is not None:  # checked first: this runs before every layer of every inference step
+        tap(layer, *_layer_args(args, kwargs))
 
 
 def _compiled_hook(tap_id: int, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
