@@ -86,6 +86,19 @@ def _inject_into_first_prefill(samples):  # noqa: ANN001, ANN202
     return inject
 
 
+def _inject_into_first_idle(samples, fired: list[int]):  # noqa: ANN001, ANN202
+    """An inject script: ``samples`` into the first step without client rows (a fine-tuning-only step); its step id
+    is appended to ``fired``."""
+
+    def inject(batch: ProposedBatch):  # noqa: ANN202
+        if batch.is_empty and not fired:
+            fired.append(batch.step_id)
+            return samples
+        return ()
+
+    return inject
+
+
 def _inject_every_step(env: ConformanceEnv, start: int, count: int = 1,
                        only: Callable[[ProposedBatch], bool] = lambda batch: True):  # noqa: ANN202
     """An inject script: ``count`` fresh samples into every step that may take them (prefill steps only on hosts
@@ -139,7 +152,8 @@ def check_protocol__validate_host(env: ConformanceEnv) -> None:
 
 @check("intercept_schedule")
 def check_intercept_schedule__once_per_step(env: ConformanceEnv) -> None:
-    """Called exactly once per executed step, before it, with the composition the host then ran."""
+    """Called exactly once per executed step, before it, with the composition the host then ran; once also for a
+    step whose samples do not fit what its client rows left of the token budget."""
     rec = Recorder()
     env.install(rec)
     env.run(make_prompts(env, 5, seed=1))
@@ -161,6 +175,29 @@ def check_intercept_schedule__once_per_step(env: ConformanceEnv) -> None:
     empty_steps = {b.step_id for b in rec.batches if not b.is_empty} - {r.step_id for r in records}
     if empty_steps:
         raise _fail(env, "intercept_schedule", f"steps {sorted(empty_steps)} were proposed with requests but never ran")
+    # Once per step also when the answer does not fit: samples over what a full step's client rows leave of the
+    # token budget are refused in that step's record (or run), never answered by asking again for the same step.
+    # This interceptor answers every time it is asked, as the core's admission does.
+    prompts, each = _budget_filling_prompts(env, 41)
+    asked = iter(range(10**6))
+
+    def every_prefill(batch: ProposedBatch):  # noqa: ANN202
+        if not batch.has_prefill:
+            return ()
+        k = next(asked)
+        return make_samples(env, 2, lengths=[each, each], seed=410 + k, first_id=4100 + 10 * k)
+
+    over = Recorder(inject=every_prefill)
+    env.install(over)
+    env.run(prompts)
+    ids = [b.step_id for b in over.batches]
+    if len(ids) != len(set(ids)):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        budget = env.config.max_batch_tokens if env.config is not None else 2048
+        raise _fail(env, "intercept_schedule", f"on_schedule was called {max(ids.count(i) for i in dup)} times for "
+                    f"step(s) {dup}, whose samples ({2 * each} tokens) did not fit what its client rows left of "
+                    f"max_batch_tokens={budget}; expected exactly one call per step (refuse what does not fit in "
+                    "that step's record, never ask again)")
 
 
 @check("intercept_schedule")
@@ -341,15 +378,8 @@ def _needs_abort(caps: HostCapabilities) -> str | None:
 def check_capture_activation__abort_stops_finetune_only_step(env: ConformanceEnv) -> None:
     """should_abort=True at a layer boundary stops a fine-tuning-only step there and hands the samples back."""
     samples = make_samples(env, 2, lengths=[10, 12], seed=9, first_id=90)
-    fired = []
-
-    def inject(batch: ProposedBatch):  # noqa: ANN202
-        if batch.is_empty and not fired:
-            fired.append(batch.step_id)
-            return samples
-        return ()
-
-    rec = Recorder(inject=inject, abort_after_layer=1)
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(samples, fired), abort_after_layer=1)
     env.install(rec)
     env.host.run_idle_step()  # type: ignore[attr-defined]
     if not fired:
@@ -724,14 +754,7 @@ def check_capture_activation__abort_stops_compute(env: ConformanceEnv) -> None:
     def run(abort: int | None, first_id: int) -> Recorder:
         samples = make_samples(env, 2, lengths=lengths, seed=95, first_id=first_id)
         fired: list[int] = []
-
-        def inject(batch: ProposedBatch):  # noqa: ANN202
-            if batch.is_empty and not fired:
-                fired.append(batch.step_id)
-                return samples
-            return ()
-
-        rec = Recorder(inject=inject, abort_after_layer=abort)
+        rec = Recorder(inject=_inject_into_first_idle(samples, fired), abort_after_layer=abort)
         times: list[tuple[str, float]] = []
         poll, end = rec.should_abort, rec.end_step
 
@@ -1058,22 +1081,28 @@ from . import scenarios as _scenarios  # noqa: E402,F401
 # ------------------------------------------------------------------------------------------ hook lifecycle
 
 
+def _budget_filling_prompts(env: ConformanceEnv, seed: int) -> tuple[list[ClientRequest], int]:
+    """Three client prompts that fill all but a sliver of the step's token budget (each within the tiny model's
+    context), and a sample length two samples of which overflow what is left while staying within the host's
+    fine-tuning cap."""
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    budget = env.config.max_batch_tokens if env.config is not None else 2048
+    sliver = 48
+    prompts = make_prompts(env, 3, seed=seed, max_tokens=2)
+    share = (budget - sliver) // 3
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [ClientRequest(p.request_id + "-big", tuple(torch.randint(3, env.vocab_size, (share,),
+                                                                        generator=rng).tolist()), 2)
+               for p in prompts]
+    return prompts, max(sliver, min(caps.max_finetune_tokens_per_step // 2, 4 * sliver))
+
+
 @check("intercept_schedule")
 def check_intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step(env: ConformanceEnv) -> None:
     """Fine-tuning rows that do not fit what the step's client rows left of the token budget either join that
     step or are refused in its record; a host never carries them over to a later step."""
-    caps = env.host.capabilities()  # type: ignore[attr-defined]
     budget = env.config.max_batch_tokens if env.config is not None else 2048
-    # client prompts fill all but a sliver of the budget (each within the tiny model's context), and the samples
-    # overflow what is left while staying within the host's fine-tuning cap
-    sliver = 48
-    prompts = make_prompts(env, 3, seed=91, max_tokens=2)
-    share = (budget - sliver) // 3
-    rng = torch.Generator().manual_seed(91)
-    prompts = [ClientRequest(p.request_id + "-big", tuple(torch.randint(3, env.vocab_size, (share,),
-                                                                        generator=rng).tolist()), 2)
-               for p in prompts]
-    each = max(sliver, min(caps.max_finetune_tokens_per_step // 2, 4 * sliver))
+    prompts, each = _budget_filling_prompts(env, 91)
     samples = make_samples(env, 2, lengths=[each, each], seed=91, first_id=2100)
     rec = Recorder(inject=_inject_into_first_prefill(samples))
     env.install(rec)
@@ -1164,6 +1193,19 @@ def _state_with_every_projection(env: ConformanceEnv) -> LoraAdapterState:
     return LoraAdapterState.load_pretrained(folder, name=env.finetune_state.name, version=env.finetune_state.version)
 
 
+def _captures_then_restore(env: ConformanceEnv, state: LoraAdapterState, samples, seed: int) -> list[str]:  # noqa: ANN001
+    """Inject ``samples`` into the first prefill step of two client prompts, put the suite's own fine-tuning adapter
+    back, and say how the captures differ from transformers + PEFT under ``state`` (what the host was handed)."""
+    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    try:
+        env.install(rec)
+        env.run(make_prompts(env, 2, seed=seed))
+    finally:
+        env.install(None)
+        env.host.set_finetune_adapter(handed_copy(env.finetune_state))  # type: ignore[attr-defined]
+    return _capture_problems(env, rec, samples, state)
+
+
 @check("set_finetune_adapter")
 def check_set_finetune_adapter__every_target_module_applies_or_is_refused(env: ConformanceEnv) -> None:
     """An adapter that targets the MLP projections as well as attention is applied whole, or refused when set;
@@ -1175,14 +1217,7 @@ def check_set_finetune_adapter__every_target_module_applies_or_is_refused(env: C
         env.host.set_finetune_adapter(handed_copy(env.finetune_state))  # type: ignore[attr-defined]
         return
     samples = make_samples(env, 2, lengths=[8, 13], seed=96, first_id=2500)
-    rec = Recorder(inject=_inject_into_first_prefill(samples))
-    try:
-        env.install(rec)
-        env.run(make_prompts(env, 2, seed=96))
-    finally:
-        env.install(None)
-        env.host.set_finetune_adapter(handed_copy(env.finetune_state))  # type: ignore[attr-defined]
-    problems = _capture_problems(env, rec, samples, state)
+    problems = _captures_then_restore(env, state, samples, seed=96)
     if problems:
         raise _fail(env, "set_finetune_adapter", "an adapter on q/k/v/o and gate/up/down_proj was accepted but its "
                     "rows differ from transformers+PEFT with all of it: " + "; ".join(problems[:3]))
@@ -1199,15 +1234,189 @@ def check_set_finetune_adapter__keeps_its_own_copy(env: ConformanceEnv) -> None:
         for t in handed.tensors.values():
             t.mul_(-3.0)
     samples = make_samples(env, 2, lengths=[6, 10], seed=97, first_id=2600)  # shortest first, as fixed checks do
-    rec = Recorder(inject=_inject_into_first_prefill(samples))
-    try:
-        env.install(rec)
-        env.run(make_prompts(env, 2, seed=97))
-    finally:
-        env.install(None)
-        env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
-    problems = _capture_problems(env, rec, samples, state)
+    problems = _captures_then_restore(env, state, samples, seed=97)
     if problems:
         raise _fail(env, "set_finetune_adapter", "the caller scaled the tensors it had handed over after the call "
                     "returned, and the next fine-tuning rows changed with them: copy what you keep; "
                     + "; ".join(problems[:3]))
+
+
+# ------------------------------------------------------------------------------------------ rules the second blind
+# batch (2026-12-02b) broke without a check noticing (issue #15)
+
+
+@check("capture_activation", requires=_needs_abort)
+def check_capture_activation__layer_input_arrives_before_its_layer_runs(env: ConformanceEnv) -> None:
+    """Each layer's inputs reach the sink before that layer runs, not collected and flushed after the forward: in a
+    fine-tuning-only step every input of layer L precedes the should_abort poll at the boundary after layer L."""
+    num_layers = env.host.model_spec().num_layers  # type: ignore[attr-defined]
+    if num_layers < 2:
+        return  # one layer has no later boundary to order its inputs against
+    samples = make_samples(env, 2, lengths=[9, 14], seed=98, first_id=2700)
+    fired: list[int] = []
+    # The polls are the only layer boundaries a sink can see: the recorder never aborts, it counts them.
+    rec = Recorder(inject=_inject_into_first_idle(samples, fired))
+    order: list[tuple[str, int]] = []
+    poll, layer_input = rec.should_abort, rec.layer_input
+
+    def counted_poll(step_id: int) -> bool:
+        order.append(("poll", -1))
+        return poll(step_id)
+
+    def ordered_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        order.append(("layer", layer))
+        layer_input(step_id, layer, sample_id, hidden)
+
+    rec.should_abort, rec.layer_input = counted_poll, ordered_input  # type: ignore[method-assign]
+    env.install(rec)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    if not fired:
+        raise _fail(env, "capture_activation", "run_idle_step() offered no empty batch: no fine-tuning-only step")
+    if sum(1 for kind, _ in order if kind == "poll") < 2:
+        return  # no boundaries to order against: the abort checks fail a host that does not poll every layer
+    polls = 0
+    for kind, layer in order:
+        if kind == "poll":
+            polls += 1
+        elif polls > layer + 1:
+            calls = ", ".join("poll" if k == "poll" else f"layer {n}" for k, n in order)
+            raise _fail(env, "capture_activation", f"an input of layer {layer} arrived after {polls} should_abort "
+                        f"polls, i.e. after the boundary that ends layer {layer} (calls in step {fired[0]}: {calls}); "
+                        "expected each layer's inputs delivered before that layer runs, so the sink can stream them "
+                        "(inputs cloned and flushed after the forward break that)")
+
+
+@check("run_profile_step")
+def check_run_profile_step__duration_in_seconds_within_the_call(env: ConformanceEnv) -> None:
+    """A profile step's record, returned and delivered to the step sink, times the step in seconds of
+    time.monotonic(): it starts within the run_profile_step call and lasts no longer than the call took."""
+    rec = Recorder()
+    env.install(rec)
+    shape = ProfileShape(prefill_lengths=(24,), num_decode=2, decode_context=16, finetune_lengths=(10,))
+    start = time.monotonic()
+    got = env.host.run_profile_step(shape)  # type: ignore[attr-defined]
+    end = time.monotonic()
+    slack = 2e-3
+    delivered = [r for r in rec.records if r.synthetic][-1:]  # delivery itself is profile_step_reports_its_shape's
+    for where, r in (("returned", got), *(("delivered to the step sink", r) for r in delivered)):
+        if not 0 < r.duration_s <= (end - start) + slack:
+            raise _fail(env, "run_profile_step", f"the {where} record says duration_s={r.duration_s:.6g} for a "
+                        f"call that took {end - start:.6f} s; expected seconds, positive and within the call "
+                        "(a device event's elapsed_time() is milliseconds)")
+        if not start - slack <= r.start_time <= r.start_time + r.duration_s <= end + slack:
+            raise _fail(env, "run_profile_step", f"the {where} record claims [{r.start_time - start:.6f}, "
+                        f"{r.start_time + r.duration_s - start:.6f}] s relative to the call, which took "
+                        f"{end - start:.6f} s; expected time.monotonic() seconds within it")
+
+
+#: A job's adapter name as users spell them: capitals, digits, ``_``, ``.`` and ``-`` (every other name the suite
+#: publishes is lower-case and hyphenated, so a host that folds or sanitises names passes those).
+_JOB_NAME = "Alpaca_Job.v2-7B"
+
+
+@check("publish_adapter")
+def check_publish_adapter__returned_name_serves_as_returned(env: ConformanceEnv) -> None:
+    """A client can request the name publish_adapter returns exactly as returned, whatever the job's adapter name
+    holds (capitals, digits, ``_``, ``.``, ``-``), and it serves what the same weights serve under a plain name."""
+    spelled = LoraAdapterState.load_pretrained(env.client_adapter_dir, name=_JOB_NAME, version=7)
+    plain = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-plain-name", version=7)
+    name = env.host.publish_adapter(handed_copy(spelled))  # type: ignore[attr-defined]
+    plain_name = env.host.publish_adapter(handed_copy(plain))  # type: ignore[attr-defined]
+    prompts = make_prompts(env, 2, seed=23, max_tokens=4, adapter_every=0, prefix="job-name")
+    served = {}
+    for adapter in (plain_name, name):
+        requests = [ClientRequest(f"{r.request_id}-{len(served)}", r.prompt_ids, r.max_tokens, adapter=adapter)
+                    for r in prompts]
+        try:
+            served[adapter] = [o.token_ids for o in env.run(requests)]
+        except ValueError as exc:
+            raise _fail(env, "publish_adapter", f"a job named {_JOB_NAME!r} was published as {name!r}, but a client "
+                        f"request on that name was refused: {exc}; expected the returned name servable as "
+                        "returned (the core hands it to clients verbatim)") from exc
+    if served[name] != served[plain_name]:
+        raise _fail(env, "publish_adapter", f"the same weights served {served[name]} under {name!r} (job "
+                    f"{_JOB_NAME!r}) but {served[plain_name]} under {plain_name!r}; expected the returned name to "
+                    "serve the published weights whatever the job's name")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__request_submitted_during_a_step_is_served(env: ConformanceEnv) -> None:
+    """A client request submitted from another thread while a step executes (a server's request thread) joins a
+    later step and is served: never lost."""
+    import threading
+
+    rec = Recorder(inject=_inject_into_first_prefill(make_samples(env, 1, lengths=[8], seed=99, first_id=2800)))
+    early = make_prompts(env, 2, seed=99, max_tokens=3, adapter_every=0, prefix="before-mid-step")
+    late = ClientRequest("submitted-mid-step", make_prompts(env, 1, seed=100)[0].prompt_ids, 3)
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    during: list[int] = []  # the step the submit landed in, when it returned before the step ended
+    layer_input = rec.layer_input
+
+    def submit() -> None:
+        try:
+            env.host.submit(late)  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - reported as the check's failure
+            errors.append(exc)
+
+    def submitting_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        layer_input(step_id, layer, sample_id, hidden)
+        if threads:
+            return
+        threads.append(threading.Thread(target=submit, name="conformance-request-thread", daemon=True))
+        threads[0].start()
+        # Waiting (bounded) makes the submit land inside the forward. A host whose submit waits for the step to end
+        # (a lock around its engine) is allowed: the wait gives up and the request arrives after the step.
+        threads[0].join(timeout=2.0)
+        if not threads[0].is_alive():
+            during.append(step_id)
+
+    rec.layer_input = submitting_input  # type: ignore[method-assign]
+    env.install(rec)
+    outputs = []
+    for r in early:
+        env.host.submit(r)  # type: ignore[attr-defined]
+    for _ in range(1000):
+        outputs.extend(env.host.step())  # type: ignore[attr-defined]
+        if threads:
+            threads[0].join(timeout=30.0)
+        if not env.host.has_unfinished():  # type: ignore[attr-defined]
+            break
+    if not threads:
+        raise _fail(env, "intercept_schedule", "no layer input was delivered for the injected sample, so no request "
+                    "could be submitted while a step executed")
+    if errors:
+        raise _fail(env, "intercept_schedule", f"submit() from another thread while step {during or '?'} executed "
+                    f"raised {type(errors[0]).__name__}: {errors[0]}; expected the request accepted")
+    got = sorted(o.request_id for o in outputs)
+    if late.request_id not in got:
+        when = f"while step {during[0]} executed" if during else "during a step (it returned after the step)"
+        told = any(rid == late.request_id for rid, _ in rec.arrivals)
+        raise _fail(env, "intercept_schedule", f"request {late.request_id!r} was submitted from another thread "
+                    f"{when} (on_arrival {'was' if told else 'was not'} called for it) and never produced an output; "
+                    f"outputs: {got}, host unfinished: {env.host.has_unfinished()}; expected it to join a later "
+                    "step, never lost")  # type: ignore[attr-defined]
+
+
+@check("set_finetune_adapter")
+def check_set_finetune_adapter__over_max_lora_rank_applies_or_is_refused(env: ConformanceEnv) -> None:
+    """An adapter of a rank above the host's max_lora_rank is refused by raising, or (a host that can take it
+    anyway) applied whole: never logged and dropped while the previous weights keep running."""
+    from deltaserve_core.testing.tiny_model import build_lora_adapter
+
+    limit = env.config.max_lora_rank if env.config is not None else 16
+    folder = build_lora_adapter(env.model_dir, env.model_dir.parent / f"finetune-adapter-r{2 * limit}", seed=6,
+                                r=2 * limit)
+    original = env.finetune_state
+    state = LoraAdapterState.load_pretrained(folder, name=original.name, version=original.version + 50)
+    try:
+        env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - refusing is what the contract asks; the message is the host's to word
+        env.host.set_finetune_adapter(handed_copy(original))  # type: ignore[attr-defined]
+        return
+    samples = make_samples(env, 2, lengths=[7, 12], seed=101, first_id=2900)
+    problems = _captures_then_restore(env, state, samples, seed=101)
+    if problems:
+        raise _fail(env, "set_finetune_adapter", f"an adapter of rank {2 * limit} (max_lora_rank={limit}) was "
+                    "accepted without an exception, but the next fine-tuning rows do not run with it: expected it "
+                    "refused by raising, or applied whole; " + "; ".join(problems[:3]))

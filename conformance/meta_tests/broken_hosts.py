@@ -893,6 +893,124 @@ class AliasesFinetuneAdapterHost(ReferenceHost):
                 pairs[(layer, module)] = (tensor, state.tensors[key[: -len("A.weight")] + "B.weight"])
         self._adapters[RESERVED_ADAPTER_NAME] = _Lora(state.config.scaling, pairs)
 
+class FlushedAtEndStepHost(ReferenceHost):
+    """Hands layer inputs to the sink from a copy-out queue drained when the step ends (values right, timing not:
+    every input arrives after the forward, after its layer's boundary poll)."""
+
+    name = "broken-flushed-at-end-step"
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+
+        class Queued(_ShiftedSink):
+            queue: list = []
+
+            def layer_input(self, step_id, layer, sample_id, hidden):  # noqa: ANN001, ANN202
+                self.queue.append((step_id, layer, sample_id, hidden.clone()))
+
+            def end_step(self, step_id, completed, aborted):  # noqa: ANN001, ANN202
+                queued, self.queue = self.queue, []
+                for args in queued:
+                    self.sink.layer_input(*args)
+                self.sink.end_step(step_id, completed, aborted)
+
+        super().capture_activation(Queued(sink))
+
+
+class ProfileMillisecondsHost(ReferenceHost):
+    """Calibration steps are reported in milliseconds (timed with device events), served steps in seconds."""
+
+    name = "broken-profile-milliseconds"
+
+    def report_step_time(self, sink):  # noqa: ANN001, ANN201
+        if sink is None:
+            return super().report_step_time(None)
+
+        def in_ms(record: StepRecord) -> None:
+            sink(self._in_ms(record))
+
+        super().report_step_time(in_ms)
+
+    @staticmethod
+    def _in_ms(record: StepRecord) -> StepRecord:
+        import dataclasses
+
+        return dataclasses.replace(record, duration_s=record.duration_s * 1e3) if record.synthetic else record
+
+    def run_profile_step(self, shape):  # noqa: ANN001, ANN201
+        return self._in_ms(super().run_profile_step(shape))
+
+
+class SanitisedPublishNameHost(ReferenceHost):
+    """Registers published versions under a path-safe spelling (lower case, ``_`` and ``.`` as ``-``) but returns
+    the job's own spelling, which clients then cannot request."""
+
+    name = "broken-sanitised-publish-name"
+
+    def publish_adapter(self, state):  # noqa: ANN001, ANN201
+        name = super().publish_adapter(state)
+        safe = name.lower().replace("_", "-").replace(".", "-")
+        self._adapters[safe] = self._adapters.pop(name)
+        return name
+
+
+class AsksAgainOverBudgetHost(_WrapsInterceptor):
+    """When a step's samples overflow what its client rows left of the token budget, asks on_schedule once more for
+    the same step (to let the core re-plan), discards that answer and runs the first."""
+
+    name = "broken-asks-again-over-budget"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class AskAgain(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = list(self.inner.on_schedule(batch))
+                left = host.config.max_batch_tokens - sum(batch.prefill_lengths) - batch.num_decode
+                if sum(s.num_tokens for s in samples) > left:
+                    self.inner.on_schedule(batch)
+                return samples
+
+        return AskAgain(interceptor)
+
+
+class ParksMidStepSubmitsHost(ReferenceHost):
+    """A request submitted while a step runs is announced (on_arrival) and parked in a staging list the scheduler
+    never reads: it is never served."""
+
+    name = "broken-parks-mid-step-submits"
+    _stepping = False
+
+    def _step(self, allow_idle, report_executed=False):  # noqa: ANN001, ANN202
+        self._stepping = True
+        try:
+            return super()._step(allow_idle, report_executed)
+        finally:
+            self._stepping = False
+
+    def _enqueue(self, request: ClientRequest) -> None:
+        if not self._stepping:
+            return super()._enqueue(request)
+        self._parked = [*getattr(self, "_parked", []), request]
+        if self._interceptor is not None:
+            import time
+
+            self._interceptor.on_arrival(request.request_id, time.monotonic())
+
+
+class ClampsRankHost(ReferenceHost):
+    """A fine-tuning adapter over max_lora_rank is cut down to max_lora_rank (its first A rows and B columns) instead
+    of refused: the rows run with part of it."""
+
+    name = "broken-clamps-rank"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        r = self.config.max_lora_rank
+        clamped = {k: (v[:r] if "lora_A" in k else v[:, :r]) for k, v in state.tensors.items()}
+        super().set_finetune_adapter(state.with_tensors(clamped, version=state.version))
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -932,9 +1050,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     NormalisingAdapterNamesHost: "intercept_schedule__reserved_adapter_variants_refused",
     TrainingNameServedHost: "intercept_schedule__reserved_adapter_variants_refused",
     PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
-    # every later adapter is ignored, the all-projections one too
+    # every later adapter is ignored, the all-projections one and the one over max_lora_rank too
     FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__later_rows_use_the_new_weights",
-                                   "set_finetune_adapter__every_target_module_applies_or_is_refused"),
+                                   "set_finetune_adapter__every_target_module_applies_or_is_refused",
+                                   "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused"),
     PublishScalingHost: ("publish_adapter__serves_published_weights",
                          "publish_adapter__new_version_never_served_stale_kv"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
@@ -959,4 +1078,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AbortsMixedStepsHost: "capture_activation__mixed_step_rows_complete_whatever_should_abort_says",
     AttentionOnlyLoraHost: "set_finetune_adapter__every_target_module_applies_or_is_refused",
     AliasesFinetuneAdapterHost: "set_finetune_adapter__keeps_its_own_copy",
+    FlushedAtEndStepHost: "capture_activation__layer_input_arrives_before_its_layer_runs",
+    ProfileMillisecondsHost: "run_profile_step__duration_in_seconds_within_the_call",
+    SanitisedPublishNameHost: "publish_adapter__returned_name_serves_as_returned",
+    AsksAgainOverBudgetHost: "intercept_schedule__once_per_step",
+    ParksMidStepSubmitsHost: "intercept_schedule__request_submitted_during_a_step_is_served",
+    ClampsRankHost: "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused",
 }

@@ -98,7 +98,10 @@ class HostDriver(Protocol):
         ...
 
     def submit(self, request: ClientRequest) -> None:
-        """Enqueue one request without running the engine (for traces and timed arrivals)."""
+        """Enqueue one request without running the engine (for traces and timed arrivals).
+
+        May be called from another thread while ``step()`` runs (a server's request thread): the request then
+        joins a later step, never lost (see ``ScheduleInterceptor.on_arrival``)."""
         ...
 
     def step(self) -> list[ClientOutput]:

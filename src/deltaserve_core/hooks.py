@@ -91,7 +91,9 @@ class ScheduleInterceptor(Protocol):
 
         Called by: the host, from whichever thread accepts requests (it may run while a step executes),
         once per client request. The core uses it to abort a running fine-tuning-only step so the new
-        request is not delayed by more than one layer. Must not block.
+        request is not delayed by more than one layer. Must not block. A request the host accepts while a step
+        executes must never be lost: it joins a later step like any other (a host that rebuilds its waiting queue
+        from what it scheduled drops it).
         """
         ...
 
@@ -207,12 +209,17 @@ class HostHooks(Protocol):
         carrying fine-tuning rows is in flight. Fine-tuning rows of later steps must use exactly these
         weights (the training path is only exact if the forward sees the current adapter). The host must copy
         what it keeps: once the call returns, ``state`` is the caller's to change. A host that cannot apply every
-        target module of ``state`` must refuse it by raising, never run with part of it.
+        target module of ``state`` must refuse it by raising, never run with part of it. A state it cannot load at
+        all (a rank above its ``max_lora_rank``, say) is refused the same way: by raising, never by logging the
+        error and keeping the previous weights (the core would train on rows it did not compute).
         """
         ...
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
         """Make trained weights servable to clients; returns the client-visible adapter name.
+
+        Clients must be able to request the returned name exactly as returned, whatever the job's adapter name
+        holds (capitals, digits, ``_``, ``-``, ``.``): the core hands it to clients verbatim.
 
         Called by the core per the job's publish policy. A host must never serve KV computed with older
         weights under the returned name (publish under a fresh name/version or reset its prefix cache).
@@ -223,7 +230,9 @@ class HostHooks(Protocol):
         """Execute one synthetic step of ``shape`` through the host's normal path and return its record.
 
         Called by calibration before the host accepts client requests. The record is also delivered to the
-        step sink with ``synthetic=True``. Synthetic rows never reach a client.
+        step sink with ``synthetic=True``. Synthetic rows never reach a client. Its ``duration_s`` is seconds of
+        the step's own forward, as for every step (calibration fits it next to served steps), never more than the
+        call took.
         """
         ...
 
