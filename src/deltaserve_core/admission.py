@@ -11,7 +11,8 @@ samples of the literal loop (see the comment in :meth:`Admission.decide`; the te
 
 Algorithm 1, as implemented by :meth:`Admission.decide`:
 
-1-4.  Nothing while the backward process runs, when the activation buffer has no room, or the pool is empty.
+1-4.  Nothing while the backward process runs (the caller's ``hold``, which also carries the controller's other
+      reasons to wait), when the activation buffer has no room, or the pool is empty.
 5-7.  On hosts without mixed batches, nothing for a step that carries only decodes.
 8-10. Δ = min(TTFT slack of the earliest deadline with queue wait, TPOT slack minus D_wait) -- see
       :func:`deltaserve_core.slo.step_budget` (which also applies the average-TPOT SLO and per-request
@@ -44,8 +45,8 @@ only the requests that have arrived; a request arriving while the step runs wait
 step filled up to its requests' TTFT slack (often several times the TPOT SLO) made such arrivals miss their TTFT:
 on vLLM-CPU's burst-light trace DeltaServe missed TTFTs that the variant whose fine-tuning-only steps are
 never interrupted -- whose completed captures start a backward pass, which pauses admission through the next
-steps -- met (``docs/benchmarks.md``). ``AdmissionPolicy(cap_extension=False)`` restores the paper's rule. Admission never raises for policy reasons;
-misuse (a negative step cap) is refused at construction.
+steps -- met (``docs/benchmarks.md``). ``AdmissionPolicy(cap_extension=False)`` restores the paper's rule.
+Admission never raises for policy reasons; misuse (a negative step cap) is refused at construction.
 
 Every step is priced once (:meth:`Admission._price`): Δ and the inference batch's Equation I/II price serve both
 the host-work check (:meth:`Admission.spare_s`) and :meth:`Admission.decide`, and every Equation I price, the
@@ -113,7 +114,8 @@ class AdmissionReason(str, enum.Enum):
     BACKWARD_RUNNING = "backward_running"  # line 2: activations of the running backward must not be overwritten
     INSTALL_PENDING = "install_pending"  # beyond the paper: the newest adapter version is not on the host yet
     BACKWARD_RECOVERING = "backward_recovering"  # beyond the paper: the backward process is being restarted
-    TRAINING_PAUSED = "training_paused"  # beyond the paper: the job paused itself (repeated non-finite steps)
+    # beyond the paper: the job is paused (repeated non-finite steps, failing saves, the operator) or stopping
+    TRAINING_PAUSED = "training_paused"
     HOST_WORK_IN_STEP = "host_work_in_step"  # beyond the paper: this step's spare time went to an adapter install
     BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
     POOL_EMPTY = "pool_empty"  # line 2
