@@ -88,11 +88,11 @@ def time_case(admission: Admission, batch: ProposedBatch, pool, repeats: int) ->
     admitted: list[int] = []
     clock = time.perf_counter_ns
     for _ in range(max(50, repeats // 20)):  # warm caches and the interpreter's specialisations
-        d = admission.decide(batch, pool=pool, backward_running=False, buffer_free_tokens=65536)
+        d = admission.decide(batch, pool=pool, buffer_free_tokens=65536)
         pool.release([s.sample_id for s in d.samples])
     for _ in range(repeats):
         t0 = clock()
-        d = admission.decide(batch, pool=pool, backward_running=False, buffer_free_tokens=65536)
+        d = admission.decide(batch, pool=pool, buffer_free_tokens=65536)
         t1 = clock()
         samples_ns.append(t1 - t0)
         admitted.append(len(d.samples))

@@ -12,8 +12,8 @@ from deltaserve_core.admission import (
     Admission,
     AdmissionDecision,
     AdmissionPool,
+    AdmissionPolicy,
     AdmissionReason,
-    admit,
 )
 from deltaserve_core.finetune_data import InMemoryPool
 from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients
@@ -66,7 +66,8 @@ def decide(batch, pool, *, model=None, mixed=True, backward=False, buffer=65536,
     adm = Admission(model or make_model(), SLO, mixed_batches=mixed, max_ft_tokens_per_step=cap, **kw)
     adm.safety = safety
     adm.overhead_s = overhead
-    return adm.decide(batch, pool=pool, backward_running=backward, buffer_free_tokens=buffer)
+    return adm.decide(batch, pool=pool, buffer_free_tokens=buffer,
+                      hold=AdmissionReason.BACKWARD_RUNNING if backward else None)
 
 
 def test_in_memory_pool_is_an_admission_pool():
@@ -169,11 +170,43 @@ def test_constructor_refuses_bad_limits():
         Admission(make_model(), SLO, mixed_batches=True, max_ft_tokens_per_step=10, ft_only_budget_s=0.0)
 
 
-def test_admit_function_matches_class():
-    batch = make_batch([prefill_req("p", 0.1)])
-    d = admit(batch, model=make_model(), pool=pool_of([30, 10, 20]), backward_running=False,
-              buffer_free_tokens=100, mixed_batches=True, slo=SLO, max_ft_tokens_per_step=4096)
-    assert [s.num_tokens for s in d.samples] == [10, 20, 30]
+def test_a_held_step_carries_the_callers_reason():
+    pool = pool_of([10, 20])
+    d = decide(make_batch([prefill_req("p", 0.1)]), pool, backward=False)
+    assert d.reason is AdmissionReason.ADMITTED
+    adm = Admission(make_model(), SLO, mixed_batches=True, max_ft_tokens_per_step=4096)
+    held = adm.decide(make_batch([prefill_req("p", 0.1)]), pool=pool_of([10]), buffer_free_tokens=100,
+                      hold=AdmissionReason.INSTALL_PENDING)
+    assert held.samples == () and held.reason is AdmissionReason.INSTALL_PENDING
+
+
+def test_policy_values():
+    assert AdmissionPolicy() == AdmissionPolicy.default()
+    paper = AdmissionPolicy.paper()
+    assert (paper.safety_quantile, paper.cap_extension, paper.cap_to_calibration) == (None, False, False)
+    assert AdmissionPolicy.idle_only().idle_steps_only and not AdmissionPolicy.no_interrupt().interrupt
+    with pytest.raises(ValueError, match="safety_quantile"):
+        AdmissionPolicy(safety_quantile=1.5)
+    assert Admission(make_model(), SLO, mixed_batches=True, max_ft_tokens_per_step=10, policy=paper).margin is None
+
+
+def test_idle_only_policy_names_its_refusal():
+    adm = Admission(make_model(), SLO, mixed_batches=True, max_ft_tokens_per_step=4096,
+                    policy=AdmissionPolicy.idle_only())
+    d = adm.decide(make_batch([decode_req("d", 0.01)]), pool=pool_of([10]), buffer_free_tokens=100)
+    assert d.samples == () and d.reason is AdmissionReason.POLICY_EXCLUDES_STEP
+    assert adm.decide(make_batch(), pool=pool_of([10]), buffer_free_tokens=100).samples
+
+
+def test_spare_time_and_decision_share_one_price():
+    """The host-work check and the decision price the step once, as LatencyModel.predict_batch does."""
+    model = make_model()
+    adm = Admission(model, SLO, mixed_batches=True, max_ft_tokens_per_step=4096, policy=AdmissionPolicy.paper())
+    batch = make_batch([prefill_req("p", 0.1), decode_req("d", 0.01)])
+    budget = step_budget(batch, SLO, model)
+    assert adm.spare_s(batch) == max(0.0, budget.delta - model.predict_batch(batch))
+    d = adm.decide(batch, pool=pool_of([10]), buffer_free_tokens=100)
+    assert d.predicted_inference == model.predict_batch(batch) and d.budget == budget
 
 
 # ---------------------------------------------------------------------------------------- the pool
@@ -347,11 +380,11 @@ def test_nan_free_decision_fields_when_delta_computed():
 def test_fine_tuning_lengthens_a_step_by_at_most_the_ft_only_budget():
     """A fresh prompt has ~1 s of TTFT slack, but a request arriving while its step runs waits for all of it: the
     rows admitted may add at most the fine-tuning-only budget (the TPOT SLO) to the step; the paper's rule
-    (cap_extension=False) fills the step up to Δ."""
+    (policy=AdmissionPolicy(cap_extension=False)) fills the step up to Δ."""
     batch = make_batch([prefill_req("p", 0.0, n=64)])
     lengths = [200] * 400
     capped = decide(batch, pool_of(lengths))
-    paper = decide(batch, pool_of(lengths), cap_extension=False)
+    paper = decide(batch, pool_of(lengths), policy=AdmissionPolicy(cap_extension=False))
     assert capped.samples and paper.samples
     assert capped.predicted_mixed <= capped.predicted_inference + SLO.tpot_s
     assert paper.predicted_mixed > paper.predicted_inference + SLO.tpot_s  # the scenario is one the cap changes

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.admission import Admission
+from deltaserve_core.admission import Admission, AdmissionPolicy, AdmissionReason
 from deltaserve_core.bench.metrics import (
     RequestResult,
     StepSample,
@@ -21,7 +21,6 @@ from deltaserve_core.bench.metrics import (
     write_results,
 )
 from deltaserve_core.bench.policies import (
-    IdleOnlyAdmission,
     LLMStationAdmission,
     PredictionLog,
     ShapeCacheLatency,
@@ -149,39 +148,41 @@ def test_llmstation_admits_only_into_decode_steps_within_the_tpot_budget() -> No
     cache.observe(StepRecord(0, 0.0, 0.01, ExecutionMode.GRAPH, num_decode=4))
     cache.observe(StepRecord(1, 0.0, 0.05, ExecutionMode.EAGER, num_decode=4, finetune_sample_ids=(1,),
                              finetune_lengths=(64,)))
-    adm = LLMStationAdmission(_model(), SLOConfig(1.0, 0.03), max_ft_tokens_per_step=1000, cache=cache)
+    adm = LLMStationAdmission(SLOConfig(1.0, 0.03), max_ft_tokens_per_step=1000, cache=cache)
     pool = _pool()
-    assert not adm.decide(_prefill_batch(1), pool=pool, backward_running=False, buffer_free_tokens=999).samples
-    assert not adm.decide(ProposedBatch(2, 0.0, ()), pool=pool, backward_running=False,
-                          buffer_free_tokens=999).samples
-    d = adm.decide(_decode_batch(3), pool=pool, backward_running=False, buffer_free_tokens=999)
+    assert not adm.decide(_prefill_batch(1), pool=pool, buffer_free_tokens=999).samples
+    assert not adm.decide(ProposedBatch(2, 0.0, ()), pool=pool, buffer_free_tokens=999).samples
+    d = adm.decide(_decode_batch(3), pool=pool, buffer_free_tokens=999)
     # 0.01 + 0.04 * t/64 <= 0.03 -> t <= 32 tokens, buckets round up: 30 tokens -> bucket 32 fits, 40 -> 64 not
     assert [s.sample_id for s in d.samples] == [0, 1, 2]
     assert len(pool) == 17
     # the static budget ignores that the batch's requests already waited since their last token
     late = _decode_batch(4, now=95.0 + 0.029)
-    assert adm.decide(late, pool=pool, backward_running=False, buffer_free_tokens=999).samples
+    assert adm.decide(late, pool=pool, buffer_free_tokens=999).samples
 
 
 def test_idle_only_admits_nothing_next_to_inference() -> None:
     slo = SLOConfig(1.0, 0.5)
-    adm = IdleOnlyAdmission(Admission(_model(), slo, mixed_batches=True, max_ft_tokens_per_step=100))
+    adm = Admission(_model(), slo, mixed_batches=True, max_ft_tokens_per_step=100, policy=AdmissionPolicy.idle_only())
     pool = _pool()
-    assert not adm.decide(_decode_batch(1), pool=pool, backward_running=False, buffer_free_tokens=999).samples
-    assert not adm.decide(_prefill_batch(2), pool=pool, backward_running=False, buffer_free_tokens=999).samples
+    assert not adm.decide(_decode_batch(1), pool=pool, buffer_free_tokens=999).samples
+    assert not adm.decide(_prefill_batch(2), pool=pool, buffer_free_tokens=999).samples
     full = Admission(_model(), slo, mixed_batches=True, max_ft_tokens_per_step=100)
-    assert full.decide(_decode_batch(3), pool=_pool(), backward_running=False, buffer_free_tokens=999).samples
-    d = adm.decide(ProposedBatch(4, 100.0, ()), pool=pool, backward_running=False, buffer_free_tokens=999)
+    assert full.decide(_decode_batch(3), pool=_pool(), buffer_free_tokens=999).samples
+    d = adm.decide(ProposedBatch(4, 100.0, ()), pool=pool, buffer_free_tokens=999)
     assert d.samples and d.predicted_mixed == pytest.approx(_model().predict((), 0, 0, [10] * len(d.samples)))
 
 
 def test_prediction_log_keeps_what_the_policy_acted_on() -> None:
     model = _model()
-    log = PredictionLog(Admission(model, SLOConfig(1.0, 0.5), mixed_batches=True, max_ft_tokens_per_step=30),
-                        lambda b: -1.0)
-    d = log.decide(_decode_batch(7), pool=_pool(), backward_running=False, buffer_free_tokens=999)
+    adm = Admission(model, SLOConfig(1.0, 0.5), mixed_batches=True, max_ft_tokens_per_step=30)
+    log = PredictionLog(lambda b: -1.0)
+    batch = _decode_batch(7)
+    d = adm.decide(batch, pool=_pool(), buffer_free_tokens=999)
+    log(batch, d)
     assert log.pop(7) == (pytest.approx(d.predicted_mixed), 3)
-    log.decide(_decode_batch(8), pool=_pool(), backward_running=True, buffer_free_tokens=999)
+    batch = _decode_batch(8)
+    log(batch, adm.decide(batch, pool=_pool(), buffer_free_tokens=999, hold=AdmissionReason.BACKWARD_RUNNING))
     assert log.pop(8) == (-1.0, 0)  # admission stopped early: the estimator prices the inference batch
     assert log.pop(8) is None
 
@@ -228,7 +229,7 @@ def test_headline_takes_the_best_baseline_that_held_100pct_slo() -> None:
 
 
 def test_goals_use_the_regime_target() -> None:
-    from deltaserve_core.bench.runner import _goals
+    from deltaserve_core.bench.summary import _goals
 
     summaries = {"deltaserve": {**_s(300, 1.0), "harvest": 0.75}, "static_mps@50": _s(250, 1.0),
                  "idle_only": _s(310, 1.0)}
@@ -254,7 +255,7 @@ def test_tight_slo_from_the_bare_hosts_inference_steps() -> None:
 
 
 def test_regimes_and_system_instances() -> None:
-    from deltaserve_core.bench.runner import BenchConfig, expand_systems, regime_slo
+    from deltaserve_core.bench.config import BenchConfig, expand_systems, regime_slo
 
     paper = regime_slo("paper", BenchConfig(), None)
     assert paper[:2] == (0.4, 0.12)
@@ -276,7 +277,7 @@ def test_regimes_and_system_instances() -> None:
 
 
 def test_step_recorder_writes_each_steps_reason() -> None:
-    from deltaserve_core.bench.runner import _StepRecorder
+    from deltaserve_core.bench.replay import _StepRecorder
 
     reasons = {1: "admitted", 2: "install_pending", 3: "no_slack"}
     asked: list[int] = []

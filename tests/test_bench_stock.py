@@ -56,7 +56,8 @@ def test_child_environment_drops_the_in_process_hosts_settings(monkeypatch: pyte
 
 
 def test_a_host_without_a_stock_engine_is_refused_before_it_starts(tiny_model: Path, tmp_path: Path) -> None:
-    from deltaserve_core.bench.runner import BenchConfig, run_bench
+    from deltaserve_core.bench.config import BenchConfig
+    from deltaserve_core.bench.runner import run_bench
     from deltaserve_core.registry import HostUnavailableError
 
     cfg = BenchConfig(host="reference", model=str(tiny_model), systems=("bare", "stock"), out_dir=str(tmp_path),
@@ -69,7 +70,8 @@ def test_a_host_without_a_stock_engine_is_refused_before_it_starts(tiny_model: P
 @pytest.fixture(scope="module")
 def stock_result(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     from deltaserve_core.bench.lengths import LengthTable
-    from deltaserve_core.bench.runner import BenchConfig, run_bench
+    from deltaserve_core.bench.config import BenchConfig
+    from deltaserve_core.bench.runner import run_bench
     from deltaserve_core.latency_model import DecodeCoefficients, LatencyModel, PrefillCoefficients
     from deltaserve_core.types import ExecutionMode
 

@@ -11,7 +11,8 @@ import pytest
 
 from deltaserve_core.bench import STOCK, SYSTEMS, family
 from deltaserve_core.bench.lengths import LengthTable
-from deltaserve_core.bench.runner import BenchConfig, run_bench
+from deltaserve_core.bench.config import BenchConfig
+from deltaserve_core.bench.runner import run_bench
 from deltaserve_core.latency_model import (
     DecodeCoefficients,
     LatencyModel,
@@ -116,7 +117,7 @@ def test_harvest_inputs_and_files(bench_result: dict) -> None:
 
 
 def test_auto_slo_is_tight_relative_to_the_worst_step() -> None:
-    from deltaserve_core.bench.runner import auto_slo
+    from deltaserve_core.bench.config import auto_slo
 
     m = _model()
     ttft, tpot, why = auto_slo(m, max_prompt=64, max_output=8, max_batch_tokens=256, max_running=4)
@@ -148,7 +149,8 @@ def test_default_output_is_not_the_committed_results_and_is_never_overwritten(
     import argparse
 
     from deltaserve_core import registry
-    from deltaserve_core.bench.runner import DEFAULT_OUT_DIR, add_bench_arguments, config_from_args
+    from deltaserve_core.bench.cli import add_bench_arguments, config_from_args
+    from deltaserve_core.bench.config import DEFAULT_OUT_DIR
     from deltaserve_core.cli import main
 
     p = argparse.ArgumentParser()

@@ -152,7 +152,9 @@ def test_scale_and_time_scale_divide_the_gaps(tmp_path: Path) -> None:
 
 def test_run_bench_refuses_a_bad_file_before_the_host_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import deltaserve_core.registry as registry
-    from deltaserve_core.bench.runner import BenchConfig, add_bench_arguments, config_from_args, run_bench
+    from deltaserve_core.bench.cli import add_bench_arguments, config_from_args
+    from deltaserve_core.bench.config import BenchConfig
+    from deltaserve_core.bench.runner import run_bench
 
     def no_host(*a: object, **k: object) -> None:
         raise AssertionError("create_host was called before the trace file was validated")
@@ -181,7 +183,7 @@ def test_run_bench_refuses_a_bad_file_before_the_host_starts(tmp_path: Path, mon
 
 
 def test_cli_flags_reach_the_config(tmp_path: Path) -> None:
-    from deltaserve_core.bench.runner import add_bench_arguments, config_from_args
+    from deltaserve_core.bench.cli import add_bench_arguments, config_from_args
 
     p = tmp_path / "x.csv"
     p.write_text("when,in,out\n0,10,2\n1,20,3\n")

@@ -137,7 +137,8 @@ def test_length_table_from_csv(tmp_path: Path) -> None:
 def test_cli_passes_the_trainer_settings_to_every_fine_tuning_system() -> None:
     import argparse
 
-    from deltaserve_core.bench.runner import _job, add_bench_arguments, config_from_args
+    from deltaserve_core.bench.cli import add_bench_arguments, config_from_args
+    from deltaserve_core.bench.config import _job
 
     p = argparse.ArgumentParser()
     add_bench_arguments(p)

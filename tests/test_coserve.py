@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from deltaserve_core.admission import AdmissionPolicy
 from deltaserve_core.coserve import CoServer
 from deltaserve_core.driver import ClientRequest, HostConfig
 from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
@@ -298,16 +299,17 @@ def test_coserver_feeds_measured_margin_to_admission(host, dataset: Path, tmp_pa
     assert co.margin is not None and co.admission.safety == 1.0 and co.admission.overhead_s == 0.0
     t = 100.0
     for i, ratio in enumerate((1.1, 1.3, 1.2, 1.05)):
-        co._predicted[i] = (0.1, ExecutionMode.EAGER)
+        co.admission._predicted[i] = 0.1
         co(StepRecord(i, t, 0.1 * ratio, ExecutionMode.EAGER, num_decode=2, kv_tokens=8, finetune_sample_ids=(i,),
                       finetune_lengths=(4,)))
         t += 0.1 * ratio + 0.004
     assert co.admission.safety == pytest.approx(1.3)
     assert co.admission.overhead_s == pytest.approx(0.004)
-    off = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=None)
+    off = CoServer(host, _job(dataset, tmp_path), latency_model=_model(), admission=AdmissionPolicy.paper())
     assert off.margin is None
     with pytest.raises(ValueError, match="safety_quantile"):
-        CoServer(host, _job(dataset, tmp_path), latency_model=_model(), safety_quantile=1.5)
+        CoServer(host, _job(dataset, tmp_path), latency_model=_model(),
+                 admission=AdmissionPolicy(safety_quantile=1.5))
 
 
 def test_admission_takes_no_more_finetune_tokens_per_step_than_calibration_measured(host, dataset: Path,  # noqa: ANN001
@@ -320,7 +322,8 @@ def test_admission_takes_no_more_finetune_tokens_per_step_than_calibration_measu
                           StepRecord(1, 0.0, 0.02, ExecutionMode.EAGER, finetune_lengths=(60,))])
     capped = CoServer(host, _job(dataset, tmp_path), latency_model=measured)
     assert capped.admission.max_ft_tokens_per_step == 250
-    paper = CoServer(host, _job(dataset, tmp_path), latency_model=measured, cap_to_calibration=False)
+    paper = CoServer(host, _job(dataset, tmp_path), latency_model=measured,
+                     admission=AdmissionPolicy(cap_to_calibration=False))
     assert paper.admission.max_ft_tokens_per_step == 512  # the paper's rule knows no calibrated range
 
 

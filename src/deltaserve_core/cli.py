@@ -145,7 +145,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.runner import run_bench_cli
+    from .bench.cli import run_bench_cli
 
     return run_bench_cli(args)
 
@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(p)
     p.set_defaults(func=_cmd_serve)
 
-    from .bench.runner import add_bench_arguments
+    from .bench.cli import add_bench_arguments
 
     p = sub.add_parser("bench", help="replay a trace against DeltaServe and baselines; write JSON, CSV and plots")
     add_bench_arguments(p)

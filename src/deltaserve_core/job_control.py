@@ -15,12 +15,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from .coserve import CoServer
-
-__all__ = ["EVENT_LOG_SIZE", "JOB_STATUSES", "EventLog", "JobCallError", "job_call", "job_id"]
+__all__ = ["EVENT_LOG_SIZE", "JOB_STATUSES", "ControlledJob", "EventLog", "JobCallError", "job_call", "job_id"]
 
 #: events kept per job; older ones are dropped (the server's log keeps everything)
 EVENT_LOG_SIZE = 1000
@@ -86,10 +83,30 @@ class JobCallError(Exception):
                                                  "code": self.code}}
 
 
+class ControlledJob(Protocol):
+    """What :func:`job_call` needs of a job (implemented by :class:`~deltaserve_core.coserve.CoServer`); a protocol,
+    so this module stays below the controller in the import graph."""
+
+    job_id: str
+    events: EventLog
+
+    def refresh(self) -> None: ...
+
+    def job_status(self) -> dict[str, Any]: ...
+
+    def job_checkpoints(self) -> list[dict[str, Any]]: ...
+
+    def pause(self) -> dict[str, Any]: ...
+
+    def resume(self) -> dict[str, Any]: ...
+
+    def cancel(self) -> dict[str, Any]: ...
+
+
 _OPS = ("list", "get", "pause", "resume", "cancel", "events", "checkpoints")
 
 
-def job_call(coservers: list[CoServer], op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+def job_call(coservers: list[ControlledJob], op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one jobs-API call against the jobs of this process: ``{"result": ...}`` or ``{"status": N, "error":
     {...}}`` (OpenAI's error object). ``op``: list, get, pause, resume, cancel, events, checkpoints; ``args``:
     ``id`` (all but list), ``after`` and ``limit`` (events, checkpoints)."""

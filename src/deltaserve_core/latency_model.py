@@ -144,8 +144,7 @@ def eq1_time(coef: Sequence[float], sum_sq: int, t_lin: int, t_ft: int, kv: int,
     """Equation I from its features (see :func:`prefill_features`); ``coef`` is ``(α, β, γ, ε, c, δ, ζ, η)``.
 
     Shorter tuples are accepted: the paper's ``(α, β, γ, ε, c)`` and ``(α, β, γ, ε, c, δ)`` (missing terms
-    are 0). The terms are summed in a fixed order -- admission inlines this very expression and relies on
-    bit-identical results.
+    are 0). The one Equation I price: :meth:`LatencyModel.predict` and every step admission prices call it.
     """
     d = coef[5] if len(coef) > 5 else 0.0
     base = coef[0] * sum_sq + coef[1] * t_lin + coef[2] * t_ft + coef[3] * kv + d * rows + coef[4]

@@ -1,21 +1,24 @@
-"""The co-serving policies the benchmark compares, each built on the real core (:class:`~deltaserve_core.coserve.CoServer`).
+"""The co-serving policies the benchmark compares, each the real core (:class:`~deltaserve_core.coserve.CoServer`) under
+one :class:`~deltaserve_core.admission.AdmissionPolicy`.
 
-Every variant is the unmodified controller with one part swapped, so a difference in the numbers is that part:
+Every variant is the unmodified controller with one part of its policy changed, so a difference in the numbers is
+that part:
 
-* ``deltaserve``: CoServer as shipped (Algorithm 1, fine-tuning-only steps, layer-boundary interruption).
-* ``idle_only``: :class:`IdleOnlyAdmission` admits only into steps with no inference (fine-tuning-only steps),
-  and the backward yields to every inference step (``preempt_decode=True``): fine-tuning uses idle time only.
-* ``no_interrupt``: :class:`NoInterruptCoServer` never arms the abort, so a request arriving during a
+* ``deltaserve``: :meth:`AdmissionPolicy.default` (Algorithm 1, fine-tuning-only steps, layer-boundary interruption).
+* ``paper_rule``: :meth:`AdmissionPolicy.paper`, Algorithm 1 as the paper states it.
+* ``idle_only``: :meth:`AdmissionPolicy.idle_only` admits only into steps with no inference (fine-tuning-only
+  steps), and the backward yields to every inference step (``preempt_decode=True``): fine-tuning uses idle time only.
+* ``no_interrupt``: :meth:`AdmissionPolicy.no_interrupt` never arms the abort, so a request arriving during a
   fine-tuning-only step waits for it to finish (paper §4.4, Figure 8's DeltaServe-No-INTR).
-* ``llmstation``: :class:`LLMStationAdmission`, an LLMStation-style policy: fine-tuning rows only alongside
-  *decode-only* steps (no fine-tuning-only steps, none with prefill), priced by :class:`ShapeCacheLatency`, a
-  per-shape table of observed step times that pools CUDA-graph and eager steps (a graph-replayed decode step
-  and the same step made eager by the fine-tuning rows share one entry), against a static per-step budget of
-  the TPOT SLO: time already spent since a request's last token and queued requests' TTFT are not charged.
-  This is our reading of the policy the paper compares against, not LLMStation's code (which is not public).
+* ``llmstation``: :func:`llmstation_policy`, an LLMStation-style rule (:class:`LLMStationAdmission`): fine-tuning
+  rows only alongside *decode-only* steps (no fine-tuning-only steps, none with prefill), priced by
+  :class:`ShapeCacheLatency`, a per-shape table of observed step times that pools CUDA-graph and eager steps (a
+  graph-replayed decode step and the same step made eager by the fine-tuning rows share one entry), against a
+  static per-step budget of the TPOT SLO: time already spent since a request's last token and queued requests'
+  TTFT are not charged. This is our reading of the policy the paper compares against, not LLMStation's code
+  (which is not public).
 
-The admission objects implement :meth:`decide` with :class:`~deltaserve_core.admission.Admission`'s signature
-and are set as ``coserver.admission``; CoServer never looks further into them.
+:class:`PredictionLog` observes every decision (``CoServer.decision_observers``) for the estimator-error metric.
 """
 
 from __future__ import annotations
@@ -23,11 +26,9 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from collections.abc import Iterable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
 
-from ..admission import AdmissionDecision, AdmissionPool, AdmissionReason
-from ..coserve import CoServer
+from ..admission import Admission, AdmissionDecision, AdmissionPolicy, AdmissionPool, AdmissionReason
 from ..latency_model import LatencyModel
 from ..slo import SLOConfig
 from ..types import FineTuneSample, ProposedBatch, StepRecord
@@ -36,58 +37,31 @@ from . import COSERVED, SYSTEMS
 __all__ = [
     "COSERVED",
     "SYSTEMS",
-    "AdmissionLike",
-    "IdleOnlyAdmission",
     "LLMStationAdmission",
-    "NoInterruptCoServer",
     "PredictionLog",
     "ShapeCacheLatency",
+    "cache_estimate",
+    "llmstation_policy",
     "model_estimate",
+    "system_policy",
 ]
 
 
 _NAN = math.nan
 
 
-class AdmissionLike(Protocol):
-    model: LatencyModel
-
-    def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
-               buffer_free_tokens: int) -> AdmissionDecision: ...
-
-
-class _Wrapped:
-    """An admission around another: ``model`` is the inner one's, because CoServer swaps in the calibrated model
-    after construction and the inner admission is what prices steps."""
-
-    def __init__(self, inner: AdmissionLike) -> None:
-        self.inner = inner
-
-    @property
-    def model(self) -> LatencyModel:
-        return self.inner.model
-
-    @model.setter
-    def model(self, value: LatencyModel) -> None:
-        self.inner.model = value
-
-
-class PredictionLog(_Wrapped):
+class PredictionLog:
     """What each admission decision predicted for its step, keyed by step id, for the estimator-error metric.
 
-    Wraps any admission; the prediction kept is the one the policy *acted on*: the mixed step when it admitted,
-    else the inference batch alone (its own estimator for LLMStation-style, the latency model otherwise)."""
+    A decision observer; the prediction kept is the one the policy *acted on*: the mixed step when it admitted,
+    else the inference batch alone (``estimate`` when the decision did not price it)."""
 
-    def __init__(self, inner: AdmissionLike, estimate: Any) -> None:
-        super().__init__(inner)
+    def __init__(self, estimate: Callable[[ProposedBatch], float]) -> None:
         self._estimate = estimate
         self.predicted: dict[int, tuple[float, int]] = {}  # step id -> (seconds, FT samples admitted)
         self._lock = threading.Lock()
 
-    def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
-               buffer_free_tokens: int) -> AdmissionDecision:
-        d = self.inner.decide(batch, pool=pool, backward_running=backward_running,
-                              buffer_free_tokens=buffer_free_tokens)
+    def __call__(self, batch: ProposedBatch, d: AdmissionDecision) -> None:
         if d.samples and d.predicted_mixed is not None:
             pred = d.predicted_mixed
         elif not batch.is_empty:
@@ -97,29 +71,10 @@ class PredictionLog(_Wrapped):
         if pred is not None and pred == pred:
             with self._lock:
                 self.predicted[batch.step_id] = (float(pred), len(d.samples))
-        return d
 
     def pop(self, step_id: int) -> tuple[float, int] | None:
         with self._lock:
             return self.predicted.pop(step_id, None)
-
-
-class IdleOnlyAdmission(_Wrapped):
-    """Algorithm 1 restricted to fine-tuning-only steps: any step with inference gets no fine-tuning rows."""
-
-    def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
-               buffer_free_tokens: int) -> AdmissionDecision:
-        if not batch.is_empty:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.NO_SLACK)
-        return self.inner.decide(batch, pool=pool, backward_running=backward_running,
-                                 buffer_free_tokens=buffer_free_tokens)
-
-
-class NoInterruptCoServer(CoServer):
-    """CoServer whose fine-tuning-only steps always run to completion (the abort is never armed)."""
-
-    def on_arrival(self, request_id: str, arrival_time: float) -> None:
-        return None
 
 
 def _bucket(x: int) -> int:
@@ -186,31 +141,22 @@ class LLMStationAdmission:
     """LLMStation-style admission (see the module docstring): decode-only steps, shape-cache prices, a static
     TPOT budget."""
 
-    def __init__(self, model: LatencyModel, slo: SLOConfig, *, max_ft_tokens_per_step: int,
-                 cache: ShapeCacheLatency) -> None:
-        self.model = model  # kept for CoServer's interface; prices come from the cache
+    def __init__(self, slo: SLOConfig, *, max_ft_tokens_per_step: int, cache: ShapeCacheLatency) -> None:
         self.slo = slo
         self.max_ft_tokens_per_step = max_ft_tokens_per_step
         self.cache = cache
 
-    def estimate(self, batch: ProposedBatch) -> float:
-        pred = self.cache.predict(batch.num_decode, sum(batch.prefill_lengths))
-        return _NAN if pred is None else pred
-
-    def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, backward_running: bool,
-               buffer_free_tokens: int) -> AdmissionDecision:
-        if backward_running:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.BACKWARD_RUNNING)
+    def decide(self, batch: ProposedBatch, *, pool: AdmissionPool, buffer_free_tokens: int) -> AdmissionDecision:
         if buffer_free_tokens <= 0:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.BUFFER_FULL)
+            return AdmissionDecision.refused(AdmissionReason.BUFFER_FULL)
         if len(pool) == 0:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.POOL_EMPTY)
+            return AdmissionDecision.refused(AdmissionReason.POOL_EMPTY)
         if batch.is_empty or batch.has_prefill:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.DECODE_ONLY_STEP)
+            return AdmissionDecision.refused(AdmissionReason.DECODE_ONLY_STEP)
         bd = batch.num_decode
         inference = self.cache.predict(bd, 0)
         if inference is None:
-            return AdmissionDecision((), _NAN, _NAN, None, AdmissionReason.NOT_CALIBRATED)
+            return AdmissionDecision.refused(AdmissionReason.NOT_CALIBRATED)
         budget = self.slo.tpot_s
         limit = min(buffer_free_tokens, self.max_ft_tokens_per_step)
         admitted: list[FineTuneSample] = []
@@ -232,7 +178,42 @@ class LLMStationAdmission:
         return AdmissionDecision(samples, budget, inference, mixed, AdmissionReason.ADMITTED)
 
 
-def model_estimate(model: LatencyModel) -> Any:
+def llmstation_policy(cache: ShapeCacheLatency, base: AdmissionPolicy | None = None) -> AdmissionPolicy:
+    """``base`` (default :meth:`AdmissionPolicy.default`) with the walk replaced by :class:`LLMStationAdmission`
+    over ``cache``, bounded by the job's per-step token cap."""
+
+    def rule(core: Admission) -> LLMStationAdmission:
+        return LLMStationAdmission(core.slo, max_ft_tokens_per_step=core.max_ft_tokens_per_step, cache=cache)
+
+    return (base or AdmissionPolicy.default()).with_rule(rule)
+
+
+def system_policy(system: str, cache: ShapeCacheLatency | None = None) -> AdmissionPolicy:
+    """The admission policy of the benchmark's co-served ``system`` (``cache``: the llmstation rule's table)."""
+    if system == "paper_rule":
+        return AdmissionPolicy.paper()
+    if system == "idle_only":
+        return AdmissionPolicy.idle_only()
+    if system == "no_interrupt":
+        return AdmissionPolicy.no_interrupt()
+    if system == "llmstation":
+        if cache is None:
+            raise ValueError("the llmstation policy needs its ShapeCacheLatency")
+        return llmstation_policy(cache)
+    return AdmissionPolicy.default()
+
+
+def cache_estimate(cache: ShapeCacheLatency) -> Callable[[ProposedBatch], float]:
+    """The shape cache's price of an inference batch (NaN while it has no entry)."""
+
+    def estimate(batch: ProposedBatch) -> float:
+        pred = cache.predict(batch.num_decode, sum(batch.prefill_lengths))
+        return _NAN if pred is None else pred
+
+    return estimate
+
+
+def model_estimate(model: LatencyModel) -> Callable[[ProposedBatch], float]:
     """The latency model's price of an inference batch in its own mode (NaN when the model cannot price it)."""
 
     def estimate(batch: ProposedBatch) -> float:

@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..assets import resolve_model
     from ..driver import HostConfig
     from ..registry import create_host
-    from .runner import BenchConfig, _make_coserver, _StepRecorder
+    from .config import BenchConfig
+    from .replay import _StepRecorder
+    from .runner import _make_coserver
 
     cfg = BenchConfig(host=args.host, model=args.model)
     model_dir = resolve_model(cfg.model)

