@@ -39,6 +39,10 @@ def test_stock_engine_args_are_vllm_defaults_plus_the_operators_own() -> None:
     ds = stock_engine_args(cfg, "stock_ds_config", cuda=True)
     assert ds == engine_settings(cfg, cuda=True, async_scheduling=False)
     assert ds["compilation_config"] == {"mode": 0, "cudagraph_mode": "NONE"}
+    # the host's own options carry over: compiled and asynchronous when the host is
+    both = HostConfig(model="m", dtype="bfloat16", device="cuda", options={"compile": "true", "async_scheduling": "true"})
+    ds = stock_engine_args(both, "stock_ds_config", cuda=True)
+    assert ds["async_scheduling"] is True and ds["compilation_config"] == {"mode": 3}
     with pytest.raises(ValueError, match="stock_ds_config"):
         stock_engine_args(cfg, "nonsense", cuda=True)
 

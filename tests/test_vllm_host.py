@@ -49,9 +49,11 @@ def deltaserve_conformance_env(cache_dir) -> Iterator[ConformanceEnv]:
         pytest.skip("vLLM is not installed")
     from deltaserve_conformance.plugin import build_env
 
-    options = {}
+    # DELTASERVE_VLLM_OPTIONS: host options for the whole module, "k=v,k=v" (the GPU script runs it with
+    # compile=true,async_scheduling=true as well as with the defaults)
+    options = dict(kv.split("=", 1) for kv in os.environ.get("DELTASERVE_VLLM_OPTIONS", "").split(",") if kv)
     if DEVICE.startswith("cuda"):  # leave room for the backward pass of the exactness test on the same GPU
-        options["gpu_memory_utilization"] = os.environ.get("DELTASERVE_VLLM_GPU_MEM", "0.3")
+        options.setdefault("gpu_memory_utilization", os.environ.get("DELTASERVE_VLLM_GPU_MEM", "0.3"))
     env = build_env("deltaserve_vllm.host:VllmHost", device=DEVICE, dtype=DTYPE, options=options,
                     cache_dir=cache_dir / "conformance")
     yield env

@@ -34,6 +34,8 @@
 #                  12), TRACE_START where the window starts in file seconds (default 600), FILE_LOAD the window's mean
 #                  rate as a fraction of the host's capacity (default 0.575: 55-60 %).
 #   DEDICATED      seconds of the packed PEFT trainer alone, the harvest denominator (default 6).
+#   HOST_OPTIONS   more host options, space-separated key=value (e.g. "compile=true async_scheduling=true"): every
+#                  system on the host gets them, and stock_ds_config runs vLLM with the engine settings they make.
 #   BUDGET         seconds for the bench part of the call (default 480; the model build before it takes ~1 min). Every
 #                  trace but the last may use what is left less RESERVE (default 200) s per trace still to come.
 #                  A run cut by its limit writes no results (the bench writes its files at the end).
@@ -70,6 +72,8 @@ STOCK_TIMEOUT=${STOCK_TIMEOUT:-300}  # seconds a stock engine may take before it
 SATURATION=${SATURATION:-0}       # requests at once after bare's/stock's replay (throughput at saturation)
 DEDICATED=${DEDICATED:-6}        # seconds of the packed PEFT trainer alone (the harvest denominator)
 PREFIX=${NAME:-bench_vllm_llama8b-shape}
+HOST_OPT_ARGS=()
+for kv in ${HOST_OPTIONS:-}; do HOST_OPT_ARGS+=(--option "$kv"); done
 MODEL=${MODEL:-/tmp/llama8b-shape}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8 DELTASERVE_CACHE=${DELTASERVE_CACHE:-/tmp/dsc} VLLM_NO_USAGE_STATS=1
@@ -123,7 +127,7 @@ for TR in $TRACES; do
   timeout "$CAP" deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
     --trace "$TR" "${EXTRA[@]}" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
     --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens "$MAX_BATCH_TOKENS" --slo-regime "$SLO_REGIMES" \
-    --option gpu_memory_utilization=$GPU_UTIL --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
+    --option gpu_memory_utilization=$GPU_UTIL ${HOST_OPT_ARGS[@]+"${HOST_OPT_ARGS[@]}"} --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
     --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "$SYSTEMS" --saturation "$SATURATION" \
     --stock-timeout "$STOCK_TIMEOUT" \
     --out "$OUT" --name "${PREFIX}_$TAG" --no-progress 2>&1 \

@@ -159,7 +159,9 @@ class ConformanceEnv:
     def independent(self) -> IndependentModel:
         """transformers + PEFT over the same checkpoint: what host outputs and captures are judged against."""
         if self._independent is None:
-            self._independent = IndependentModel(self.model_dir)
+            # the host's dtype sets the near-tie allowance: the reference computes in fp32, a bf16 host's own
+            # rounding flips near-tied argmaxes that fp32's allowance would call a wrong token
+            self._independent = IndependentModel(self.model_dir, self.dtype)
         return self._independent
 
     def install(self, recorder: Recorder | None) -> None:

@@ -61,3 +61,35 @@ def test_reference_host_without_mixed_batches_passes_everything() -> None:
     # The S-LoRA shape of host: prefill and decode never share a step; fine-tuning rides only prefill steps.
     failed = _failures("deltaserve_core.testing.reference_host:ReferenceHost", mixed_batches="false")
     assert failed == {}, failed
+
+
+def test_near_tie_allowance_follows_the_host_dtype() -> None:
+    """A bf16 host's greedy token may flip a near-tie that fp32 would not: the reference (fp32) allows the flip for a
+    bf16 host and refuses it for an fp32 host. Regression: every host was judged with fp32's allowance."""
+    import dataclasses
+
+    import torch
+
+    env = build_env("deltaserve_core.testing.reference_host:ReferenceHost", cache_dir=CACHE, validate=False)
+    try:
+        fp32 = env.independent
+        bf16 = dataclasses.replace(env, dtype="bfloat16", _independent=None).independent
+        assert bf16.tie > fp32.tie
+        model = fp32.model(None)
+        found = None
+        for seed in range(64):  # a prompt whose last position is a near-tie: between the two allowances
+            gen = torch.Generator().manual_seed(seed)
+            prompt = torch.randint(3, env.vocab_size, (24,), generator=gen).tolist()
+            with torch.no_grad():
+                top = model(input_ids=torch.tensor([prompt])).logits[0, -1].float().topk(2)
+            rel_gap = float(top.values[0] - top.values[1]) / (1.0 + abs(float(top.values[0])))
+            if fp32.tie < rel_gap < bf16.tie:
+                found = prompt, int(top.indices[1])
+                break
+        assert found is not None, "no near-tied prompt among 64 seeds"
+        prompt, second = found
+        runner_up = [second]
+        assert fp32.greedy_mismatch(None, prompt, runner_up) is not None
+        assert bf16.greedy_mismatch(None, prompt, runner_up) is None
+    finally:
+        env.host.shutdown()

@@ -42,10 +42,11 @@ _WARMUP = 4
 
 def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool) -> dict[str, Any]:
     """Engine arguments of ``variant`` (see the module docstring)."""
-    from .host import engine_settings
+    from .host import _async_scheduling, engine_settings
 
-    if variant == "stock_ds_config":
-        return engine_settings(config, cuda=cuda, async_scheduling=False)
+    if variant == "stock_ds_config":  # the host's settings under the host's options, async scheduling included
+        return engine_settings(config, cuda=cuda,
+                               async_scheduling=_async_scheduling(config.options.get("async_scheduling"), cuda))
     if variant != "stock":
         raise ValueError(f"unknown stock variant {variant!r}; choose from {', '.join(VARIANTS)}")
     opts = config.options
