@@ -107,6 +107,7 @@ def test_harvest_inputs_and_files(bench_result: dict) -> None:
     assert "ratio" in result["headline"]["auto"]
     for key in ("json", "summary_csv", "requests_csv", "steps_csv", "png"):
         assert Path(result["files"][key]).is_file(), key
+    assert not list(Path(result["files"]["json"]).parent.glob("*.partial.json")), "the full result replaces it"
     saved = json.loads(Path(result["files"]["json"]).read_text())
     assert saved["trace"]["requests"] == 7 and list(saved["timelines"]) == result["instances"]
     with open(result["files"]["steps_csv"], newline="") as fh:
@@ -188,3 +189,23 @@ def test_cpu_backward_threads_leave_the_host_its_threads() -> None:
 
     cores = len(os.sched_getaffinity(0))
     assert cpu_backward_threads() == max(1, cores - torch.get_num_threads())
+
+
+def test_a_cut_short_bench_keeps_each_finished_system(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """What a bench killed by a time limit leaves: every system that finished, summarised, in valid JSON."""
+    from deltaserve_core.bench.metrics import RequestResult, SystemRun
+    from deltaserve_core.bench.runner import _write_partial
+
+    cfg = BenchConfig(host="reference", out_dir=str(tmp_path / "out"), stem="cut")
+    reqs = [RequestResult("a", 0.0, 8, 3, (0.05, 0.07, 0.09)), RequestResult("b", 0.5, 8, 2, (0.6, 0.9))]
+    _write_partial(cfg, "cut", "bare", SystemRun("bare", 2.0, reqs, extra={"saturation": {
+        "output_tokens_per_s": 1234.0}}), (0.4, 0.12, {}))
+    _write_partial(cfg, "cut", "stock", SystemRun("stock", 2.0, reqs[:1]), None)  # before any SLO was known
+    saved = json.loads((tmp_path / "out" / "cut.partial.json").read_text())
+    assert list(saved["systems"]) == ["bare", "stock"]
+    assert saved["systems"]["bare"]["saturation"]["output_tokens_per_s"] == 1234.0
+    assert saved["systems"]["bare"]["p99_ttft_s"] == pytest.approx(0.0995)
+    assert saved["systems"]["stock"]["requests"] == 1 and saved["slo"] is None
+    assert saved["environment"]["commit"]
+    err = capsys.readouterr().err
+    assert "bare: saturation 1234 tok/s" in err and "stock: saturation None tok/s" in err

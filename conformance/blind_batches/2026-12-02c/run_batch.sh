@@ -3,6 +3,7 @@
 # Appends host<TAB>rc<TAB>seconds<TAB>failed_checks to runs.tsv (rc 1 = caught, 0 = missed); logs in logs/.
 set -u
 B=$(cd "$(dirname "$0")" && pwd)
+R=$(cd "$B/../../.." && pwd)
 cd "$B"
 mkdir -p logs
 [ -f runs.tsv ] || printf 'host\trc\tseconds\tfailed_checks\n' > runs.tsv
@@ -14,7 +15,7 @@ else
 fi
 for module in "${modules[@]}"; do
   t0=$(date +%s)
-  OMP_NUM_THREADS=1 DELTASERVE_CACHE=/work/main/.cache/deltaserve PYTHONPATH="$B:/work/wt-blind3/src:/work/wt-blind3/conformance" /work/main/.venv/bin/python -m deltaserve_core.cli conformance "blindhosts.${module}:Host" -- -q > logs/${module}.txt 2>&1
+  OMP_NUM_THREADS=1 DELTASERVE_CACHE="$R/.cache/deltaserve" PYTHONPATH="$B:$R/src:$R/conformance" "$R/.venv/bin/python" -m deltaserve_core.cli conformance "blindhosts.${module}:Host" -- -q > logs/${module}.txt 2>&1
   rc=$?
   t1=$(date +%s)
   failed=$(grep -oE "AssertionError: \[[a-z_]+\]" logs/${module}.txt | sed -E 's/AssertionError: \[([a-z_]+)\]/\1/' | sort -u | paste -sd, -)

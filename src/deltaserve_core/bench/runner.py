@@ -20,6 +20,8 @@ as a request reaching a serving engine would. Latencies are measured from schedu
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
 import random
 import sys
@@ -34,6 +36,7 @@ from . import STOCK, TRAINER_BASELINES, family
 from .config import BenchConfig, _job, default_stem, regime_slo
 from .metrics import (
     RequestResult,
+    _clean,
     SystemRun,
     headline,
     request_row,
@@ -103,6 +106,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
         if taken:
             raise ValueError(f"{cfg.out_dir} already holds this run's results ({', '.join(taken)}); pass "
                              "--force to overwrite them, or --name NAME / --out DIR to write elsewhere")
+    (Path(cfg.out_dir) / f"{stem}.partial.json").unlink(missing_ok=True)  # a cut-short earlier run's, not ours
     from ..registry import create_host, get_host_spec
 
     run_stock = get_host_spec(cfg.host).load_stock() if any(family(s) in STOCK for s in cfg.instances) else None
@@ -265,6 +269,9 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
                 runs[key] = fn(bar)
             finally:
                 r = runs.get(key)
+                if r is not None:
+                    # judged under the first regime known yet ("tight" is derived from bare's run, after it)
+                    _write_partial(cfg, stem, key, r, slos.get(regimes[0]) or next(iter(slos.values()), None))
                 bar.close(f"FT {sum(n for _, n in r.ft_steps) / r.window_s:.0f} tok/s" if r else "failed")
                 if not cfg.progress:  # a log without a bar still shows where a long run is
                     print(f"[bench] {key}: " + (f"done, FT {sum(n for _, n in r.ft_steps) / r.window_s:.0f} tok/s"
@@ -359,6 +366,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     }
     paths = write_results(cfg.out_dir, stem, result, rows,
                           [step_row(key, s) for key, run in runs.items() for s in run.steps])
+    (Path(cfg.out_dir) / f"{stem}.partial.json").unlink(missing_ok=True)
     if cfg.plots:
         try:
             from .plots import plot_figure5
@@ -385,6 +393,26 @@ def _run_bare(host: Any, arr: list[tuple[float, Any]], duration: float, bar: _Pr
     reqs = _results(outputs, arr, start)
     extra = {"saturation": _saturation(host, sat, cfg)} if sat else {}
     return SystemRun("bare", _window(reqs, duration), reqs, [], rec.steps, extra)
+
+
+def _write_partial(cfg: BenchConfig, stem: str, key: str, run: SystemRun,
+                   slo: tuple[float, float, Any] | None) -> None:
+    """Add ``key``'s summary to ``<stem>.partial.json`` as soon as its run ends, so a bench cut short (a time limit
+    on a borrowed GPU, a crash in a later system) keeps what it measured; the full ``<stem>.json`` replaces it."""
+    path = Path(cfg.out_dir) / f"{stem}.partial.json"
+    done = json.loads(path.read_text()) if path.is_file() else {"systems": {}}
+    s = summarize(run, ttft_s=slo[0] if slo else math.inf, tpot_s=slo[1] if slo else math.inf)
+    done["systems"][key] = {k: v for k, v in s.items() if not isinstance(v, list)}
+    done.update(slo={"ttft_s": slo[0], "tpot_s": slo[1]} if slo else None,
+                environment=_environment(cfg.device, cfg.host))
+    Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_clean(done), indent=1, default=str))
+    os.replace(tmp, path)
+    sat = (s.get("saturation") or {}).get("output_tokens_per_s")
+    print(f"[bench] {key}: saturation {sat if sat is None else round(sat)} tok/s, TTFT p50/p99 "
+          f"{s['p50_ttft_s'] * 1e3:.1f}/{s['p99_ttft_s'] * 1e3:.1f} ms, TPOT p50/p99 "
+          f"{s['p50_tpot_s'] * 1e3:.1f}/{s['p99_tpot_s'] * 1e3:.1f} ms (in {path.name})", file=sys.stderr)
 
 
 def _saturation(host: Any, sat: Sequence[Any], cfg: BenchConfig) -> dict[str, Any]:
