@@ -38,7 +38,10 @@ def test_stock_engine_args_are_vllm_defaults_plus_the_operators_own() -> None:
     assert stock["gpu_memory_utilization"] == 0.4
     ds = stock_engine_args(cfg, "stock_ds_config", cuda=True)
     assert ds == engine_settings(cfg, cuda=True, async_scheduling=False)
-    assert ds["compilation_config"] == {"mode": 0, "cudagraph_mode": "NONE"}
+    assert ds["compilation_config"] == {"mode": 3, "cudagraph_mode": "NONE"}  # compiled by default on CUDA
+    eager = HostConfig(model="m", dtype="bfloat16", device="cuda", options={"compile": "false"})
+    assert stock_engine_args(eager, "stock_ds_config", cuda=True)["compilation_config"] == {
+        "mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     # the host's own options carry over: compiled and asynchronous when the host is
     both = HostConfig(model="m", dtype="bfloat16", device="cuda", options={"compile": "true", "async_scheduling": "true"})
     ds = stock_engine_args(both, "stock_ds_config", cuda=True)

@@ -311,8 +311,8 @@ def _step_log(rec: Recorder, host, label: str) -> list[dict]:
 def test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly(
         deltaserve_conformance_env: ConformanceEnv) -> None:
     """Pure decode steps are graph replays (no layer hook fires) and fine-tuning steps run eagerly with their rows
-    captured. Prefill steps run eagerly under FULL_DECODE_ONLY (the default without ``compile``) and may replay
-    piecewise graphs under vLLM's own mode (``compile=true``). Writes the per-step log to $DELTASERVE_STEP_LOG."""
+    captured. Prefill steps run eagerly under FULL_DECODE_ONLY (``compile=false``) and may replay
+    piecewise graphs under vLLM's own mode (``compile=true``, the CUDA default). Writes the per-step log to $DELTASERVE_STEP_LOG."""
     import json
 
     env = deltaserve_conformance_env
@@ -334,7 +334,7 @@ def test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly(
     graph = [r for r in rows if r["mode"] == "graph"]
     assert graph, "no decode step replayed a CUDA graph"
     assert not any(r["finetune_lengths"] for r in graph), "a fine-tuning row ran inside a replayed graph"
-    decode_only_graphs = OPTIONS.get("cudagraph_mode", "FULL_DECODE_ONLY" if OPTIONS.get("compile", "false").lower()
+    decode_only_graphs = OPTIONS.get("cudagraph_mode", "FULL_DECODE_ONLY" if OPTIONS.get("compile", "true").lower()
                                      not in ("1", "true", "yes") else "FULL_AND_PIECEWISE") == "FULL_DECODE_ONLY"
     if decode_only_graphs:
         assert not any(r["prefill_lengths"] for r in graph), "FULL_DECODE_ONLY replayed a graph for a prefill step"

@@ -3,12 +3,13 @@
 # H200 in bf16 (the whole conformance suite, the adapter's own tests, the per-step graph/eager log and the exactness
 # measurement through the engine), once per host-option set in RUNS, each writing $OUT/test_vllm_host_<label>.txt.
 #
-# Default RUNS: "compile" (compile=true: torch.compile + vLLM's own CUDA-graph mode), "compile_async" (the same with
-# async_scheduling=true, the pair vLLM runs by default on CUDA) and "default" (DeltaServe's defaults). Prerequisite:
+# Default RUNS: "default" (DeltaServe's defaults: torch.compile + vLLM's own CUDA-graph mode, synchronous scheduler),
+# "async" (the same with async_scheduling=true, the pair vLLM runs by default on CUDA) and "eager" (compile=false:
+# eager kernels, full CUDA graphs for decodes only). Prerequisite:
 # the vLLM wheel bundle installed (benchmarks/gpu/vllm_h200.sh's header). Run from the repository root; ~2 min a run.
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200}
-RUNS=${RUNS:-"compile:compile=true compile_async:compile=true,async_scheduling=true default:"}
+RUNS=${RUNS:-"default: async:async_scheduling=true eager:compile=false"}
 T_RUN=${T_RUN:-190}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8 DELTASERVE_CACHE=${DELTASERVE_CACHE:-/tmp/dsc} VLLM_NO_USAGE_STATS=1

