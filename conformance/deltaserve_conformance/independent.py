@@ -41,7 +41,8 @@ class GreedyMismatch:
 
 
 class IndependentModel:
-    """transformers + PEFT on CPU in fp32, one model per adapter (``None``: the base model)."""
+    """transformers + PEFT on CPU in fp32, one model per adapter (``None``: the base model); ``dtype`` is the
+    host's, and sets how close two logits may be to count as a near-tie."""
 
     def __init__(self, model_dir: Path, dtype: str = "float32") -> None:
         self.model_dir = Path(model_dir)
