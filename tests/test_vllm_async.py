@@ -324,9 +324,10 @@ def test_every_step_with_a_record_was_offered(deltaserve_conformance_env: Confor
 
 
 def test_no_step_is_left_in_flight_when_client_work_ends(deltaserve_conformance_env: ConformanceEnv) -> None:
-    """The H200's extra empty step: the step formed while the last client step ran proposes nothing, so it is the
-    one a core fills with fine-tuning rows, and it must be reported before generate() returns (it used to report
-    into the sink of whatever ran next)."""
+    """The H200's extra empty step: vLLM forms an empty step while the last client step runs. It used to be offered,
+    filled with fine-tuning rows and reported into the sink of whatever ran next; it is now not offered while that
+    client step is in flight (test below), and the idle step after it, which a core fills, is reported before
+    run_idle_step returns."""
     env = deltaserve_conformance_env
     rec = Recorder(inject=lambda b: make_samples(env, 1, seed=b.step_id, first_id=40_000 + b.step_id)
                    if b.is_empty else ())
@@ -334,11 +335,47 @@ def test_no_step_is_left_in_flight_when_client_work_ends(deltaserve_conformance_
     try:
         env.run(make_prompts(env, 3, seed=35))
         channel = env.host._channel  # type: ignore[attr-defined]
-        assert rec.injected, "no empty step was formed behind the last client step"
         assert not channel.plans, "a scheduled step was left unprocessed"
+        assert env.host.run_idle_step()  # type: ignore[attr-defined]
+        assert rec.injected, "the idle step was not offered"
+        assert not channel.plans, "the idle step was left unprocessed"
         assert all(rec.record_for(step) is not None for step in rec.injected)
     finally:
         env.install(None)
+
+
+def test_a_finishing_client_gets_its_last_token_before_a_finetune_only_step_runs(host: Any) -> None:
+    """H200, async scheduling: a request's last token waited for the fine-tuning-only step formed behind it (a step
+    with rows runs its forward before the engine hands back the step in flight), a gap of a whole fine-tuning step
+    between a client's last two tokens. Rows are offered into every empty step here; every client output must be
+    out before the first fine-tuning forward begins."""
+    events: list[tuple[str, object]] = []
+
+    class EmptyStepsOnly(_Log):
+        def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+            self.events.append(("schedule", batch.step_id))
+            if batch.scheduled:
+                return ()
+            self.next_id += 1
+            return (_sample(self.next_id, 8),)
+
+        def begin_step(self, step_id: int, samples: Sequence[FineTuneSample]) -> None:
+            events.append(("forward", step_id))
+
+    log = EmptyStepsOnly()
+    _install(host, log)
+    try:
+        for r in _requests(3, 13):
+            host.submit(r)
+        while host.has_unfinished():
+            events.extend(("output", o.request_id) for o in host.step())
+        assert host.run_idle_step()
+    finally:
+        _install(host, None)
+    outputs = [i for i, (kind, _) in enumerate(events) if kind == "output"]
+    forwards = [i for i, (kind, _) in enumerate(events) if kind == "forward"]
+    assert len(outputs) == 3 and forwards, events
+    assert max(outputs) < min(forwards), f"a fine-tuning-only step ran before a client's last output: {events}"
 
 
 def test_profile_step_has_the_requested_shape(host: Any) -> None:

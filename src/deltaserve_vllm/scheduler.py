@@ -144,6 +144,14 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         out = super().schedule(*args, **kwargs)
         ch = self._ds
+        if not out.num_scheduled_tokens and not ch.profiling and self._client_step_in_flight():
+            # vLLM formed an empty step behind a client step still in flight (typically the step after a request's
+            # last token). Offered, it is an idle step to the core, which fills it with fine-tuning rows; those
+            # run their forward before the engine hands back the step in flight, so the client's token would wait
+            # for the whole fine-tuning step (seen on the H200 as 300 ms gaps before last tokens). Not offered and
+            # not counted as a step, it lets the engine deliver that output first; the next empty step is offered.
+            ch.last_step_executed = False
+            return out
         ch.idle_requested = False
         step_id = next(self._ds_step_ids)
         batch = self._proposed_batch(step_id, out)
@@ -186,6 +194,10 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         if plan is not None:
             self._report(plan, timing, scheduler_output)
         return outputs
+
+    def _client_step_in_flight(self) -> bool:
+        # A plan lives from schedule() to update_from_output() of its step: plans left are steps in flight.
+        return any(p.prefill_lengths or p.num_decode for p in self._ds.plans.values())
 
     # ------------------------------------------------------------------------------------ translation
 
