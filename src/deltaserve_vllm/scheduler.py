@@ -18,7 +18,7 @@ fine-tuning requests) keeps vLLM's own pass untouched and runs it once per step,
 (step counters, prefix-cache stats, connector metadata, finished-id hand-off) happen exactly once.
 
 Async scheduling (:class:`AsyncDeltaServeScheduler`, vLLM's ``AsyncScheduler``): the engine schedules step N+1
-before it processes step N's output, so an injected row is still unretired while the next step is formed. Two
+before it processes step N's output, so an injected row is still unretired while the next step is formed. Three
 rules make that safe, and both schedulers share them (:class:`DeltaServeSchedulerMixin`):
 
 - an injected row is registered in ``requests`` but never enters ``running`` (nor ``waiting``): vLLM's
@@ -33,6 +33,8 @@ rules make that safe, and both schedulers share them (:class:`DeltaServeSchedule
   forwarded with weights it is about to replace) or skip asking it, and the hook contract wants it asked once per
   step. Inference-only steps still overlap as vLLM intends; only the step after a fine-tuning step loses its
   overlap. With the synchronous scheduler nothing is ever in flight when the engine asks.
+- an empty step formed while a client step is in flight is not offered (a core would fill it with rows, whose
+  forward runs before that client step's output is handed back, delaying the client's token by a whole step).
 """
 from __future__ import annotations
 
