@@ -51,6 +51,13 @@ PROFILE_RID_PREFIX = "__deltaserve_profile__"
 class StepPlan(hostkit.StepPlan):
     #: the step a profile run measures (its record is the profile record); the run's other steps are synthetic too
     profiled: bool = False
+    #: the forward stopped at a layer boundary because the sink asked (fine-tuning-only steps only)
+    aborted: bool = False
+    ended: bool = False
+
+    @property
+    def ft_only(self) -> bool:
+        return bool(self.samples) and not self.prefill_lengths and not self.num_decode
 
 
 @dataclass
@@ -267,9 +274,25 @@ class Binding(hostkit.HookSlots):
             self._rows = None
         plan.duration = time.monotonic() - plan.start
         plan.ran = True
-        if sink is not None:
+        if sink is not None and not plan.ended:
             sink.end_step(plan.step_id, [s.sample_id for s in plan.samples.values()], [])
         return result
+
+    def should_stop(self) -> bool:
+        """Polled before every decoder layer of a step with rows: whether to stop the forward there."""
+        plan = self.plan
+        if plan is None or plan.synthetic or not plan.ft_only or self.activation_sink is None:
+            return False
+        return bool(self.activation_sink.should_abort(plan.step_id))
+
+    def stopped(self) -> None:
+        """The forward stopped at a layer boundary: every row goes back to the pool, told now, not after the
+        sampler and SGLang's result processing have run."""
+        plan = self.plan
+        assert plan is not None
+        plan.aborted = plan.ended = True
+        if self.activation_sink is not None:
+            self.activation_sink.end_step(plan.step_id, [], [s.sample_id for s in plan.samples.values()])
 
     _rows: list[tuple[int, int, int]] | None = None
 
@@ -315,7 +338,7 @@ class Binding(hostkit.HookSlots):
         return client
 
     def _report(self, plan: StepPlan) -> None:
-        record = plan.to_record()
+        record = plan.to_record(aborted=plan.aborted)
         if plan.profiled:
             self.profile_record = record
         if self.step_sink is not None:

@@ -140,7 +140,7 @@ class SglangHost:
             engine="sglang", engine_version=version,
             # With SGLang's mixed chunk a step holds prefill and decode rows; without it, one or the other.
             mixed_batches=mixed, graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype=config.dtype,
-            device=config.device, supports_abort=False, max_finetune_tokens_per_step=config.max_batch_tokens)
+            device=config.device, supports_abort=True, max_finetune_tokens_per_step=config.max_batch_tokens)
 
     # ------------------------------------------------------------------------------------ HostHooks
 

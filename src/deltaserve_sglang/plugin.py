@@ -188,11 +188,18 @@ def verify_hooks() -> None:
 
 
 def install_layer_capture(model: Any, binding: Any) -> int:
-    """Pass a ``capture_output`` callback to every decoder layer; returns the number of layers.
+    """Pass a ``capture_output`` callback to every decoder layer, poll ``should_abort`` at every layer boundary of
+    a fine-tuning-only step, and make the model's forward stoppable there; returns the number of layers.
 
     SGLang's Llama-family decoder layers take ``capture_output`` (the EAGLE3 auxiliary-hidden-state path) and call
     it with the layer's residual-stream input once the pending residual add is done; the ``hidden_states``
     argument itself may be an un-added partial ("owed output"), so reading it in a pre-hook would be wrong.
+
+    Abort: the pre-hook raises :class:`StopForward` before the layer runs; the wrapped ``model.forward`` catches it
+    and returns the logits the sampler expects (zeros: a fine-tuning-only step holds no client row, and its rows
+    are finished by ``max_new_tokens=0`` whatever they sample), so SGLang's own result processing finishes the rows
+    and frees their KV as after any step. Their partly written KV sits under each row's private radix key, which no
+    request can match.
     """
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -201,7 +208,11 @@ def install_layer_capture(model: Any, binding: Any) -> int:
                            "decoder-only models")
 
     def pre_hook(layer: int, module: Any, args: tuple, kwargs: dict) -> tuple | None:
-        if binding.plan is None or not binding._rows or kwargs.get("capture_output") is not None:
+        if binding.plan is None or not binding._rows:
+            return None
+        if binding.should_stop():
+            raise StopForward
+        if kwargs.get("capture_output") is not None:
             return None
         kwargs = dict(kwargs)
         kwargs["capture_output"] = functools.partial(_capture, binding, layer)
@@ -209,7 +220,33 @@ def install_layer_capture(model: Any, binding: Any) -> int:
 
     for i, layer in enumerate(layers):
         layer.register_forward_pre_hook(functools.partial(pre_hook, i), with_kwargs=True)
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def stoppable_forward(input_ids: Any, positions: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return forward(input_ids, positions, forward_batch, *args, **kwargs)
+        except StopForward:
+            binding.stopped()
+            return _empty_logits(model, forward_batch, input_ids)
+
+    model.forward = stoppable_forward
     return len(layers)
+
+
+class StopForward(Exception):
+    """Raised at a layer boundary of a fine-tuning-only step whose sink asked to abort."""
+
+
+def _empty_logits(model: Any, forward_batch: Any, input_ids: Any) -> Any:
+    import torch
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    vocab = int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
+    return LogitsProcessorOutput(next_token_logits=input_ids.new_zeros((forward_batch.batch_size, vocab),
+                                                                       dtype=torch.float32))
 
 
 def _capture(binding: Any, layer: int, hidden: Any, *, owned: bool = False) -> None:

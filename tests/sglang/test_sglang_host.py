@@ -49,6 +49,31 @@ def _inject_once(samples: list[FineTuneSample], *, empty: bool = False):
 
 
 @needs_sglang
+def test_serving_continues_after_an_aborted_step(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """An aborted fine-tuning-only step (the forward stopped at a layer boundary, zero logits handed to SGLang's
+    sampler) leaves SGLang consistent: its rows are finished and their request slots freed by SGLang's own result
+    processing, none is left queued or running, and later outputs equal the no-abort baseline."""
+    from deltaserve_sglang.binding import FINETUNE_RID_PREFIX
+
+    env = deltaserve_conformance_env
+    sched = env.host._sched  # type: ignore[attr-defined]
+    requests = make_prompts(env, 3, seed=31)
+    baseline = env.run(requests)
+    slots = sched.req_to_token_pool.available_size()
+    inject, fired = _inject_once(make_samples(env, 2, lengths=[8, 11], seed=31, first_id=600), empty=True)
+    rec = Recorder(inject=inject, abort_after_layer=1)
+    env.install(rec)
+    assert env.host.run_idle_step()  # type: ignore[attr-defined]
+    env.install(None)
+    assert fired and rec.records[-1].aborted_sample_ids == (600, 601) and not rec.records[-1].finetune_sample_ids
+    assert not [c for c in rec.captures if c[1] >= 1], "layers after the abort boundary ran"
+    queued = [r.rid for r in list(sched.waiting_queue) + list(sched.running_batch.reqs)]
+    assert not [rid for rid in queued if str(rid).startswith(FINETUNE_RID_PREFIX)], queued
+    assert sched.req_to_token_pool.available_size() == slots, "an aborted row kept its request slot"
+    assert [o.token_ids for o in env.run(requests)] == [o.token_ids for o in baseline]
+
+
+@needs_sglang
 def test_hooks_are_live_and_a_missing_hook_is_refused(deltaserve_conformance_env: ConformanceEnv,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang logs a hook that failed to apply and carries on; the adapter checks and refuses instead."""
