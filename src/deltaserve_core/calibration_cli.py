@@ -10,7 +10,7 @@ the registry's ``UnknownHostError`` *before* anything heavy starts; ``cli.main``
 and exits with status 2.
 
 Limits that fit the model: ``--max-prefill``, ``--max-kv`` and ``--dtype`` default to what the checkpoint's
-``config.json`` allows (:func:`~deltaserve_core.calibration.model_limits`): its context length bounds the longest
+``config.json`` allows (:func:`~deltaserve_core.model_limits.model_limits`): its context length bounds the longest
 profiled prompt and decode context, and its dtype is the engine's. An explicit limit the context cannot hold is
 refused before any engine starts, naming the flag, the value and the largest one that works. The last lines
 printed are the commands that serve with this profile (``deltaserve serve``, and the engine's own server where
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the registry imports torch; this module is imported for `deltaserve --help`
-    from .calibration import ModelLimits
+    from .model_limits import ModelLimits
     from .driver import HostConfig
     from .registry import HostSpec
 
@@ -133,12 +133,12 @@ def _check_limits(args: argparse.Namespace) -> None:
 
 def fit_to_model(args: argparse.Namespace, model_path: Path) -> ModelLimits:
     """Fill ``args``' unset ``--dtype``, ``--max-prefill`` and ``--max-kv`` from the model's config and refuse set
-    ones its context cannot hold; returns the model's :class:`~deltaserve_core.calibration.ModelLimits`.
+    ones its context cannot hold; returns the model's :class:`~deltaserve_core.model_limits.ModelLimits`.
 
     Called after the model is resolved and before the host starts. A refused value raises ``ValueError`` naming
     the flag, the value, the model's context length (and the config key it came from) and the largest value that
     works."""
-    from .calibration import model_limits
+    from .model_limits import model_limits
 
     limits = model_limits(model_path)
     if args.dtype is None:
