@@ -1420,3 +1420,218 @@ def check_set_finetune_adapter__over_max_lora_rank_applies_or_is_refused(env: Co
         raise _fail(env, "set_finetune_adapter", f"an adapter of rank {2 * limit} (max_lora_rank={limit}) was "
                     "accepted without an exception, but the next fine-tuning rows do not run with it: expected it "
                     "refused by raising, or applied whole; " + "; ".join(problems[:3]))
+
+
+#: How long the scripted core takes over its admission decision in the timing check: large next to a tiny-model step
+#: (milliseconds), so a duration that contains it is plainly wrong even on a loaded 2-core box.
+_SLOW_DECISION_S = 0.3
+
+
+@check("report_step_time")
+def check_report_step_time__duration_excludes_scheduling(env: ConformanceEnv) -> None:
+    """A step's record times its forward only: it starts after on_schedule returned (the batch cannot run before its
+    composition is decided), so it contains neither the scheduler's nor the core's time (a core that takes 0.3 s to
+    decide makes a clock started with the scheduler plain). Calibration fits durations as forward cost: a clock
+    started when the scheduler is entered prices admission as model time. (Whether the duration fits the wall clock
+    is consistent_with_wall_clock's.)"""
+    returned: dict[int, float] = {}
+
+    def slow(batch: ProposedBatch):  # noqa: ANN202
+        if len(returned) < 2 and not batch.is_empty:
+            time.sleep(_SLOW_DECISION_S)
+            returned[batch.step_id] = time.monotonic()  # just before on_schedule returns
+        return ()
+
+    rec = Recorder(inject=slow)
+    env.install(rec)
+    env.run(make_prompts(env, 1, seed=40, max_tokens=3))
+    slack = 2e-3
+    for r in rec.real_records():
+        decided = returned.get(r.step_id)
+        if decided is None:
+            continue
+        if r.start_time < decided - slack:
+            raise _fail(env, "report_step_time", f"step {r.step_id} starts {decided - r.start_time:.4f} s before its "
+                        f"on_schedule returned (the core took {_SLOW_DECISION_S} s to decide): expected the forward's "
+                        "own start, after the batch was decided")
+    if not any(r.step_id in returned for r in rec.real_records()):
+        raise _fail(env, "report_step_time", f"no record for the steps {sorted(returned)} offered to on_schedule")
+
+
+@check("capture_activation")
+def check_capture_activation__step_id_is_the_scheduler_step(env: ConformanceEnv) -> None:
+    """begin_step, layer_input, should_abort and end_step name the step by the id on_schedule was offered
+    (ProposedBatch.step_id), the id its StepRecord carries: the core matches captures to admissions and records by
+    it. Profile steps and declined idle proposals in between must not shift it (a worker numbering its own forwards
+    does)."""
+    env.host.run_profile_step(ProfileShape(prefill_lengths=(9,)))  # type: ignore[attr-defined]
+    fired: list[int] = []
+    samples = make_samples(env, 1, first_id=3100, lengths=[9])
+    idle = make_samples(env, 1, first_id=3200, lengths=[7], seed=131)
+    first_prefill = _inject_into_first_prefill(samples)
+    first_idle = _inject_into_first_idle(idle, fired)
+
+    def inject(batch: ProposedBatch):  # noqa: ANN202
+        return first_idle(batch) if batch.is_empty else first_prefill(batch)
+
+    rec = Recorder(inject=lambda batch: ())
+    env.install(rec)
+    env.host.run_idle_step()  # type: ignore[attr-defined]  # declined: the core has nothing to admit
+    rec.inject = inject
+    env.host.run_idle_step()  # type: ignore[attr-defined]  # a fine-tuning-only step right after the declined one
+    env.run(make_prompts(env, 2, seed=41, max_tokens=2))
+    # Which step carried which rows is the scheduler's to say (its records); whether rows ran in the step they were
+    # injected into is injected_rows_run_in_same_step's. Here: the sink names each such step by that same id.
+    begun: dict[int, set[int]] = {}
+    for step, ids in rec.begun:
+        begun.setdefault(step, set()).update(ids)
+    captured = {(step, sample) for step, _, sample, _ in rec.captures}
+    ended = {step for step, _, _ in rec.ended}
+    ft_records = [r for r in rec.real_records() if r.finetune_sample_ids or r.aborted_sample_ids]
+    if not ft_records:
+        raise _fail(env, "capture_activation", f"no record carried the fine-tuning rows injected into steps "
+                    f"{sorted(rec.injected)}")
+    for r in ft_records:
+        rows = set(r.finetune_sample_ids) | set(r.aborted_sample_ids)
+        missing = sorted(i for i in rows if (r.step_id, i) not in captured)
+        if begun.get(r.step_id) != rows or missing or r.step_id not in ended:
+            raise _fail(env, "capture_activation", f"step {r.step_id} (the id on_schedule was offered and its record "
+                        f"carries) ran fine-tuning rows {sorted(rows)}, but begin_step named that step with "
+                        f"{sorted(begun.get(r.step_id, ()))}, layer inputs of {missing} came under other ids, end_step "
+                        f"{'came' if r.step_id in ended else 'never came'} for it (sink step ids: "
+                        f"{sorted(begun)}): expected the scheduler's step id in every sink call")
+
+
+def _profile_records(rec: Recorder, got) -> list:  # noqa: ANN001
+    return [r for r in rec.records if r.step_id == got.step_id]
+
+
+@check("run_profile_step")
+def check_run_profile_step__record_delivered_exactly_once(env: ConformanceEnv) -> None:
+    """A profile step's record reaches the step sink exactly once, like every step's (synthetic steps a host runs
+    around it, e.g. warm-up prefills of its decode rows, have records of their own under other step ids). Delivered
+    twice, calibration counts one measurement as two samples and the timeline holds one step id twice."""
+    rec = Recorder()
+    env.install(rec)
+    shapes = (ProfileShape(prefill_lengths=(10,), num_decode=2, decode_context=12),
+              ProfileShape(prefill_lengths=(14, 6), finetune_lengths=(8,)))
+    returned = [env.host.run_profile_step(shape) for shape in shapes]  # type: ignore[attr-defined]
+    env.run(make_prompts(env, 1, seed=42, max_tokens=2))  # a record queued for the next step shows up there
+    for shape, got in zip(shapes, returned):
+        same = _profile_records(rec, got)
+        if len(same) != 1:
+            raise _fail(env, "report_step_time", f"the profile step {got.step_id} (shape {shape.prefill_lengths}, "
+                        f"{shape.num_decode} decodes, FT {shape.finetune_lengths}) reached the step sink {len(same)} "
+                        "times; expected exactly once")
+
+
+@check("run_profile_step")
+def check_run_profile_step__reports_the_mode_it_ran_in(env: ConformanceEnv) -> None:
+    """A profile step asked for a mode the host cannot run (GRAPH on an eager-only host) falls back and reports the
+    mode it ran in, one of capabilities().graph_modes, in the record returned and the one delivered. Echoing the
+    requested mode makes calibration fit one mode's coefficients from the other's timings."""
+    modes = env.host.capabilities().graph_modes  # type: ignore[attr-defined]
+    rec = Recorder()
+    env.install(rec)
+    for mode in (ExecutionMode.GRAPH, ExecutionMode.EAGER):
+        for shape in (ProfileShape(num_decode=3, decode_context=10, mode=mode),
+                      ProfileShape(prefill_lengths=(8,), num_decode=2, decode_context=16, mode=mode)):
+            got = env.host.run_profile_step(shape)  # type: ignore[attr-defined]
+            delivered = {r.mode for r in _profile_records(rec, got)}
+            if got.mode not in modes or not delivered <= {got.mode}:
+                raise _fail(env, "run_profile_step", f"a profile step asked for {mode.value} ({shape.num_decode} "
+                            f"decodes, prefills {shape.prefill_lengths}) reports mode {got.mode.value} (delivered: "
+                            f"{sorted(m.value for m in delivered)}) on a host whose graph_modes are "
+                            f"{sorted(m.value for m in modes)}: expected the mode the step ran in")
+            if mode not in modes and got.mode == mode:
+                raise _fail(env, "run_profile_step", f"asked {mode.value}, which this host cannot run, and got it back")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__batch_lists_every_unfinished_request(env: ConformanceEnv) -> None:
+    """Every request that arrived and has not finished is in the offered batch, scheduled or waiting: in particular
+    a decoding request that a prefill step defers (hosts without mixed batches) is in ``waiting``, because its TPOT
+    clock keeps running while that step executes and the core prices admission against it."""
+    rec = Recorder()
+    env.install(rec)
+    first, second = make_prompts(env, 2, seed=43, max_tokens=10, adapter_every=0)
+    env.host.submit(first)  # type: ignore[attr-defined]
+    for _ in range(50):
+        env.host.step()  # type: ignore[attr-defined]
+        if any(r.request_id == first.request_id and r.prefill_tokens == 0 for b in rec.batches for r in b.scheduled):
+            break
+    else:
+        raise _fail(env, "intercept_schedule", f"request {first.request_id!r} never decoded in 50 steps")
+    seen = len(rec.batches)
+    env.host.submit(second)  # type: ignore[attr-defined]  # arrives while the first decodes (8 tokens to go)
+    env.run_stepwise([])
+    prefills = [b for b in rec.batches[seen:]
+                if any(r.request_id == second.request_id and r.prefill_tokens > 0 for r in b.scheduled)]
+    if not prefills:
+        raise _fail(env, "intercept_schedule", f"no batch offered to on_schedule scheduled {second.request_id!r}'s prefill")
+    for b in prefills:
+        listed = {r.request_id for r in b.scheduled} | {r.request_id for r in b.waiting}
+        if first.request_id not in listed:
+            raise _fail(env, "intercept_schedule", f"step {b.step_id} prefills {second.request_id!r} while "
+                        f"{first.request_id!r} is still decoding, yet {first.request_id!r} is neither scheduled nor "
+                        f"waiting (waiting: {sorted(r.request_id for r in b.waiting)}); expected a deferred decode "
+                        "in ProposedBatch.waiting")
+
+
+@check("report_step_time")
+def check_report_step_time__record_after_the_step_outputs(env: ConformanceEnv) -> None:
+    """A step's record reaches the step sink after the step's outputs were processed: the token a request got in
+    step S (its time as the scheduler later shows it, ScheduledRequest.last_token_time) exists before S's record
+    arrives. A record sent when the forward returns, ahead of sampling, shows the core request state one step old."""
+    rec = Recorder()
+    env.install(rec)
+    requests = make_prompts(env, 3, seed=44, max_tokens=4)
+    env.run(requests)
+    prompt_len = {r.request_id: len(r.prompt_ids) for r in requests}
+    producing: dict[str, list[int]] = {}  # request -> steps whose row yields a token (decodes, last prefill chunks)
+    token_time: dict[tuple[str, int], float] = {}  # (request, k) -> time of its k-th token, as later batches show it
+    first_offer = list({b.step_id: b for b in reversed(rec.batches)}.values())[::-1]  # offering twice is another check
+    for b in first_offer:
+        for r in b.waiting + b.scheduled:
+            if r.last_token_time is not None and r.output_tokens > 0:
+                token_time.setdefault((r.request_id, r.output_tokens), r.last_token_time)
+        for r in b.scheduled:
+            if r.request_id in prompt_len and (r.prefill_tokens == 0
+                                               or r.prefill_tokens + r.context_tokens >= prompt_len[r.request_id]):
+                producing.setdefault(r.request_id, []).append(b.step_id)
+    received = {}
+    for r, at in zip(rec.records, rec.record_received_at):
+        received.setdefault(r.step_id, at)
+    compared = 0
+    for (rid, k), t in sorted(token_time.items()):
+        steps = producing.get(rid, [])
+        if k > len(steps) or steps[k - 1] not in received:
+            continue
+        step = steps[k - 1]
+        compared += 1
+        if received[step] < t:
+            raise _fail(env, "report_step_time", f"the record of step {step} reached the step sink "
+                        f"{(t - received[step]) * 1e3:.3f} ms before the token {k} of {rid!r} that step produced: "
+                        "expected the record after the step's outputs were processed")
+    if not compared:
+        raise _fail(env, "report_step_time", f"no token of {sorted(prompt_len)} could be matched to its step's record "
+                    "(batches offered to on_schedule show no output_tokens/last_token_time)")
+
+
+@check("run_profile_step")
+def check_run_profile_step__finetune_rows_never_dropped(env: ConformanceEnv) -> None:
+    """A profile step runs its shape's fine-tuning rows, also when no fine-tuning adapter is loaded yet (build_env
+    runs one such step before set_finetune_adapter), or refuses the shape by raising. A record that quietly leaves
+    them out makes calibration price fine-tuning tokens at nothing."""
+    cases = []
+    if env.profile_before_adapter is not None:
+        shape, got = env.profile_before_adapter
+        if not isinstance(got, Exception):
+            cases.append(("before set_finetune_adapter", shape, got))
+    shape = ProfileShape(prefill_lengths=(8,), finetune_lengths=(6, 4))
+    cases.append(("with the fine-tuning adapter loaded", shape, env.host.run_profile_step(shape)))  # type: ignore[attr-defined]
+    for when, shape, got in cases:
+        if sorted(got.finetune_lengths) != sorted(shape.finetune_lengths):  # type: ignore[attr-defined]
+            raise _fail(env, "run_profile_step", f"a profile step {when} asked for fine-tuning rows "
+                        f"{shape.finetune_lengths} and reports {got.finetune_lengths} (prefills "  # type: ignore[attr-defined]
+                        f"{got.prefill_lengths}): expected them run, or the shape refused by raising")  # type: ignore[attr-defined]

@@ -153,6 +153,8 @@ class ConformanceEnv:
     seed: int = 0
     #: the limits the host was started with (max_batch_tokens, max_running_requests); scenarios fill up to them
     config: HostConfig | None = None
+    #: (shape, what run_profile_step returned or raised) for one profile step run before set_finetune_adapter
+    profile_before_adapter: tuple[object, object] | None = None
     _independent: IndependentModel | None = field(default=None, repr=False)
 
     @property

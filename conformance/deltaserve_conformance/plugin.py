@@ -20,6 +20,7 @@ import pytest
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import HostConfig
 from deltaserve_core.hooks import validate_host
+from deltaserve_core.types import ProfileShape, StepRecord
 
 from .harness import PROFILES, ConformanceEnv, handed_copy
 
@@ -94,6 +95,13 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
     host = _factory(host_spec)(config)
     if validate:
         validate_host(host)
+    # Calibration may run before any fine-tuning adapter is loaded (``deltaserve calibrate`` on a fresh host): one
+    # profile step in that state, kept for run_profile_step__finetune_rows_never_dropped.
+    probe = ProfileShape(prefill_lengths=(8,), finetune_lengths=(6, 4))
+    try:
+        before_adapter: StepRecord | Exception = host.run_profile_step(probe)
+    except Exception as exc:  # noqa: BLE001 - refusing the shape by raising is allowed; the check judges it
+        before_adapter = exc
     state = LoraAdapterState.load_pretrained(ft_dir, name="conformance-finetune", version=0)
     host.set_finetune_adapter(handed_copy(state))
     from transformers import AutoConfig
@@ -104,7 +112,8 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
         seed = 0 if profile == "fast" else int.from_bytes(os.urandom(4), "little")
     return ConformanceEnv(host=host, host_name=getattr(host, "name", host_spec), model_dir=Path(model_dir),
                           client_adapter=CLIENT_ADAPTER, client_adapter_dir=Path(client_dir), finetune_state=state,
-                          vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config)
+                          vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config,
+                          profile_before_adapter=(probe, before_adapter))
 
 
 @pytest.fixture(scope="session")

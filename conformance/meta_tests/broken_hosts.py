@@ -7,6 +7,8 @@ blaming the wrong hook. They subclass the reference host so everything but the b
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Sequence
 
 import torch
@@ -1011,6 +1013,167 @@ class ClampsRankHost(ReferenceHost):
         super().set_finetune_adapter(state.with_tensors(clamped, version=state.version))
 
 
+class OfferClockHost(_WrapsInterceptor):
+    """Starts a served step's clock when the batch is offered to on_schedule (a dispatch timer armed with the offer),
+    so the record's start_time and duration_s include the core's admission decision."""
+
+    name = "broken-offer-clock"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(config)
+        self._offered_at: dict[int, float] = {}
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class Timed(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                host._offered_at[batch.step_id] = time.monotonic()
+                return self.inner.on_schedule(batch)
+
+        return Timed(interceptor)
+
+    def report_step_time(self, sink) -> None:  # noqa: ANN001
+        if sink is None:
+            return super().report_step_time(None)
+
+        def emit(record: StepRecord) -> None:
+            t0 = self._offered_at.pop(record.step_id, None)
+            if t0 is not None and not record.synthetic:
+                end = record.start_time + record.duration_s
+                record = dataclasses.replace(record, start_time=t0, duration_s=end - t0)
+            sink(record)
+
+        super().report_step_time(emit)
+
+
+class IdleStepNumberedByWorkerHost(ReferenceHost):
+    """Fine-tuning-only steps reach the activation sink under "the last executed step + 1" (the worker's guess: the
+    dummy-run path that runs them has no scheduler step id), which is wrong after a declined idle proposal."""
+
+    name = "broken-idle-step-number"
+    _last_executed = -1
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+        host = self
+
+        class Renumbered:
+            def _id(self, step_id: int) -> int:
+                return host._last_executed + 1 if host._ft_only else step_id
+
+            def begin_step(self, step_id: int, samples: Sequence[FineTuneSample]) -> None:
+                sink.begin_step(self._id(step_id), samples)
+
+            def layer_input(self, step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+                sink.layer_input(self._id(step_id), layer, sample_id, hidden)
+
+            def should_abort(self, step_id: int) -> bool:
+                return sink.should_abort(self._id(step_id))
+
+            def end_step(self, step_id: int, completed: Sequence[int], aborted: Sequence[int]) -> None:
+                sink.end_step(self._id(step_id), completed, aborted)
+
+        super().capture_activation(Renumbered())
+
+    _ft_only = False
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        self._ft_only = bool(rows) and all(r.sample is not None for r in rows)
+        try:
+            return super()._execute(step_id, rows, tokens, synthetic)
+        finally:
+            self._ft_only = False
+            self._last_executed = step_id
+
+
+class QueueOnlyWaitingHost(ReferenceHost):
+    """Runs without mixed batches and builds ProposedBatch.waiting from its admission queue alone, so the decodes a
+    prefill step defers (held in the running list) are missing from it."""
+
+    name = "broken-queue-only-waiting"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(dataclasses.replace(config, mixed_batches=False))
+
+    def intercept_schedule(self, interceptor: ScheduleInterceptor | None) -> None:
+        if interceptor is None:
+            return super().intercept_schedule(None)
+        host = self
+
+        class QueueView(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                queued = {s.request.request_id for s in host._waiting}
+                waiting = tuple(r for r in batch.waiting if r.request_id in queued)
+                return self.inner.on_schedule(dataclasses.replace(batch, waiting=waiting))
+
+        super().intercept_schedule(QueueView(interceptor))
+
+
+class DecodeProfileModeEchoHost(ReferenceHost):
+    """Profile steps of pure-decode shapes report the mode the shape asked for (the decode path was written for an
+    engine whose decode batches replay CUDA graphs), on a host that runs everything eagerly."""
+
+    name = "broken-decode-profile-mode"
+
+    def run_profile_step(self, shape) -> StepRecord:  # noqa: ANN001
+        if shape.prefill_lengths or shape.finetune_lengths:
+            return super().run_profile_step(shape)
+        sink, self._step_sink = self._step_sink, None
+        try:
+            record = dataclasses.replace(super().run_profile_step(shape), mode=shape.mode)
+        finally:
+            self._step_sink = sink
+        if sink is not None:
+            sink(record)
+        return record
+
+
+class RequeuedProfileRecordHost(ReferenceHost):
+    """Keeps calibration records in a metrics queue that is flushed (again) with the next served step's record: each
+    profile record reaches the step sink once when it runs and once more later."""
+
+    name = "broken-requeued-profile-record"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(config)
+        self._calibration_queue: list[StepRecord] = []
+
+    def run_profile_step(self, shape) -> StepRecord:  # noqa: ANN001
+        record = super().run_profile_step(shape)
+        self._calibration_queue.append(record)
+        return record
+
+    def report_step_time(self, sink) -> None:  # noqa: ANN001
+        if sink is None:
+            return super().report_step_time(None)
+
+        def emit(record: StepRecord) -> None:
+            if not record.synthetic:
+                queued, self._calibration_queue = self._calibration_queue, []
+                for r in queued:
+                    sink(r)
+            sink(record)
+
+        super().report_step_time(emit)
+
+
+class ProfileRowsAsPrefillsHost(ReferenceHost):
+    """Before a fine-tuning adapter is loaded, runs a profile shape's fine-tuning rows as plain prefill rows (there is
+    no reserved LoRA to tag them with), so the record shows no fine-tuning tokens."""
+
+    name = "broken-profile-rows-as-prefills"
+
+    def run_profile_step(self, shape) -> StepRecord:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        if RESERVED_ADAPTER_NAME in self._adapters or not shape.finetune_lengths:
+            return super().run_profile_step(shape)
+        return super().run_profile_step(dataclasses.replace(
+            shape, prefill_lengths=tuple(shape.prefill_lengths) + tuple(shape.finetune_lengths), finetune_lengths=()))
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1084,4 +1247,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AsksAgainOverBudgetHost: "intercept_schedule__once_per_step",
     ParksMidStepSubmitsHost: "intercept_schedule__request_submitted_during_a_step_is_served",
     ClampsRankHost: "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused",
+    OfferClockHost: "report_step_time__duration_excludes_scheduling",
+    IdleStepNumberedByWorkerHost: "capture_activation__step_id_is_the_scheduler_step",
+    QueueOnlyWaitingHost: "intercept_schedule__batch_lists_every_unfinished_request",
+    DecodeProfileModeEchoHost: "run_profile_step__reports_the_mode_it_ran_in",
+    RequeuedProfileRecordHost: "run_profile_step__record_delivered_exactly_once",
+    ProfileRowsAsPrefillsHost: "run_profile_step__finetune_rows_never_dropped",
 }

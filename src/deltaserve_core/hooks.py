@@ -102,7 +102,9 @@ class ActivationSink(Protocol):
     """Receives the residual-stream input of every decoder layer for fine-tuning rows.
 
     Installed with :meth:`HostHooks.capture_activation`; called by the host in the process that runs the
-    forward pass (possibly another process than the scheduler: the object is pickled there).
+    forward pass (possibly another process than the scheduler: the object is pickled there). Every call names the
+    step by the ``step_id`` its batch was offered to ``on_schedule`` with (its record's), never by a count the forward
+    side keeps itself: the core matches captures to admissions by it.
     """
 
     def begin_step(self, step_id: int, samples: Sequence[FineTuneSample]) -> None:
@@ -187,7 +189,8 @@ class HostHooks(Protocol):
     def report_step_time(self, sink: StepSink | None) -> None:
         """Install (or remove) the step sink: exactly one :class:`StepRecord` per executed step, in step order,
         with the composition that actually ran and its device-complete duration.
-        Called by the host in the scheduling process after the step's outputs are processed. A later call
+        Called by the host in the scheduling process after the step's outputs are processed, never before (the
+        core reads request state when a record arrives). A later call
         replaces the installed sink, which is never called again."""
         ...
 
@@ -230,9 +233,11 @@ class HostHooks(Protocol):
         """Execute one synthetic step of ``shape`` through the host's normal path and return its record.
 
         Called by calibration before the host accepts client requests. The record is also delivered to the
-        step sink with ``synthetic=True``. Synthetic rows never reach a client. Its ``duration_s`` is seconds of
+        step sink with ``synthetic=True``, exactly once like every step's. Synthetic rows never reach a client. Its ``duration_s`` is seconds of
         the step's own forward, as for every step (calibration fits it next to served steps), never more than the
-        call took.
+        call took. The shape's fine-tuning rows run also before any :meth:`set_finetune_adapter` (on no adapter,
+        or one the host makes up), or the call refuses the shape by raising: never dropped from the step, which
+        would price fine-tuning tokens at nothing.
         """
         ...
 

@@ -92,7 +92,8 @@ class ProposedBatch:
 
     ``scheduled`` are the requests that run in this step. ``waiting`` are requests that arrived but are
     not in this step (queued prefills, or on hosts without mixed batches the decodes this prefill step
-    defers); they matter because their TTFT/TPOT clocks keep running while this step executes.
+    defers); they matter because their TTFT/TPOT clocks keep running while this step executes. Every request that
+    arrived and has not finished must be in ``scheduled`` or ``waiting`` (the core prices admission against all of them).
     ``mode`` is the execution mode the host would use for the batch *as proposed* (no fine-tuning rows).
     """
 
@@ -171,7 +172,8 @@ class StepRecord:
     """What a host executed in one step, reported through :meth:`HostHooks.report_step_time`.
 
     ``duration_s`` is the device-complete wall time of the forward step (for asynchronous hosts: measured
-    after the device finished, not when the launch returned). ``finetune_sample_ids`` lists fine-tuning
+    after the device finished, not when the launch returned); it starts with the forward, never before the step's
+    batch was decided (scheduling and ``on_schedule`` are not model time). ``finetune_sample_ids`` lists fine-tuning
     rows that completed the whole forward; ``aborted_sample_ids`` those stopped by an abort (their
     captures are void and they go back to the pool). ``synthetic`` marks calibration steps.
     """
@@ -256,7 +258,8 @@ class ProfileShape:
 
     The host builds throw-away requests of these shapes, runs them through its normal scheduling and
     forward path in ``mode`` when it can (falling back to the mode it would naturally choose), and reports
-    the resulting :class:`StepRecord` with ``synthetic=True``.
+    the resulting :class:`StepRecord` with ``synthetic=True``. The record's ``mode`` is the mode the step ran in (one
+    of ``graph_modes``), never the one asked for when the host could not run it.
     """
 
     prefill_lengths: tuple[int, ...] = ()

@@ -192,6 +192,12 @@ class SglangHost:
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         b = self._binding
+        if shape.finetune_lengths and b.finetune_lora_id is None:
+            # Refused before anything enters the engine: raised from inside a step, the throw-away requests already
+            # prepared for it would keep their request slots and KV, and later steps would refuse rows within caps.
+            raise RuntimeError(f"the profile shape {shape} has fine-tuning rows but no fine-tuning adapter is loaded: "
+                               "SGLang runs them only on the reserved LoRA; call set_finetune_adapter first (deltaserve "
+                               "calibrate loads a fresh one)")
         draw = ProfileDraw(shape, self._hf_config.vocab_size)
         run = f"{_PROFILE_PREFIX}{time.monotonic_ns()}"
         b.profiling, b.profile_record = True, None
