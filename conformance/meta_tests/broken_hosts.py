@@ -1174,6 +1174,27 @@ class ProfileRowsAsPrefillsHost(ReferenceHost):
             shape, prefill_lengths=tuple(shape.prefill_lengths) + tuple(shape.finetune_lengths), finetune_lengths=()))
 
 
+class RecordBeforeOutputsHost(ReferenceHost):
+    """Reports each step from its forward, before the step's outputs are processed: the record reaches the step sink
+    and only then are the step's tokens stamped (an adapter that sends records from its model-runner hook, ahead of
+    the engine's output processing)."""
+
+    name = "broken-record-before-outputs"
+    _unstamped: list = []
+
+    def _sample(self, rows, hidden) -> None:  # noqa: ANN001
+        super()._sample(rows, hidden)
+        self._unstamped = [r.seq for r in rows if r.sample is None and r.seq is not None]
+
+    def _execute(self, *args, **kwargs) -> StepRecord:  # noqa: ANN002, ANN003
+        self._unstamped = []
+        record = super()._execute(*args, **kwargs)  # the sink has the record now
+        now = time.monotonic()
+        for seq in self._unstamped:
+            seq.token_times[-1] = now
+        return record
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1252,5 +1273,6 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     QueueOnlyWaitingHost: "intercept_schedule__batch_lists_every_unfinished_request",
     DecodeProfileModeEchoHost: "run_profile_step__reports_the_mode_it_ran_in",
     RequeuedProfileRecordHost: "run_profile_step__record_delivered_exactly_once",
+    RecordBeforeOutputsHost: "report_step_time__record_after_the_step_outputs",
     ProfileRowsAsPrefillsHost: "run_profile_step__finetune_rows_never_dropped",
 }
