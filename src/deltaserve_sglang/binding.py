@@ -87,7 +87,7 @@ class Binding(hostkit.HookSlots):
                                 context_tokens=context, output_tokens=len(req.output_ids), first_token_time=first,
                                 last_token_time=last, slo=slo)
 
-    def proposed_batch(self, scheduler: Any, batch: Any, step_id: int) -> ProposedBatch:
+    def proposed_batch(self, scheduler: Any, batch: Any, step_id: int, running: Any = None) -> ProposedBatch:
         now = time.monotonic()
         scheduled: list[ScheduledRequest] = []
         if batch is not None:
@@ -105,6 +105,12 @@ class Binding(hostkit.HookSlots):
                     else:
                         scheduled.append(self._view(req, int(ext), int(pre), now))
         waiting = [self._view(r, len(r.origin_input_ids), 0, now) for r in scheduler.waiting_queue]
+        # Without SGLang's mixed chunk a prefill step defers the running batch's decodes: they are waiting too.
+        in_step = {id(r) for r in batch.reqs} if batch is not None else set()
+        for req in running.reqs if running is not None else ():
+            if id(req) not in in_step and not req.finished() and not str(req.rid).startswith(
+                    (FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX)):
+                waiting.append(self._view(req, 0, len(req.origin_input_ids) + len(req.output_ids) - 1, now))
         return ProposedBatch(step_id=step_id, now=now, scheduled=tuple(scheduled), waiting=tuple(waiting),
                              mode=ExecutionMode.EAGER)
 
@@ -115,7 +121,7 @@ class Binding(hostkit.HookSlots):
         batch = plan.batch_to_run
         self.idle_requested = False
         step_id = next(self.step_ids)
-        proposed = self.proposed_batch(scheduler, batch, step_id)
+        proposed = self.proposed_batch(scheduler, batch, step_id, plan.running_batch)
         samples: tuple[FineTuneSample, ...] = ()
         synthetic = profiled = False
         if self.profiling:
