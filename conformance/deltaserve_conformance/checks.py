@@ -63,7 +63,8 @@ class RuleViolation(AssertionError):
 #: hook named in a failure -> where its rules are written (``Class.member`` prefixes in rules.RULES)
 _RULE_HOMES = {"intercept_schedule": ("HostHooks.intercept_schedule", "ScheduleInterceptor", "#:RESERVED"),
                "capture_activation": ("HostHooks.capture_activation", "ActivationSink"),
-               "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",)}
+               "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",),
+               "driver": ("HostDriver", "check_client_adapter")}
 
 
 def _fail(env: ConformanceEnv, hook: str, message: str) -> AssertionError:
@@ -1420,3 +1421,187 @@ def check_set_finetune_adapter__over_max_lora_rank_applies_or_is_refused(env: Co
         raise _fail(env, "set_finetune_adapter", f"an adapter of rank {2 * limit} (max_lora_rank={limit}) was "
                     "accepted without an exception, but the next fine-tuning rows do not run with it: expected it "
                     "refused by raising, or applied whole; " + "; ".join(problems[:3]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__no_on_arrival_for_refused_requests(env: ConformanceEnv) -> None:
+    """A request ``submit`` refuses (the reserved adapter, an adapter the host never loaded) never entered the host:
+    on_arrival is never called for it, or the core aborts fine-tuning steps for it and keeps waiting on a request
+    that is never scheduled."""
+    rec = Recorder()
+    env.install(rec)
+    refused: list[str] = []
+    for i, adapter in enumerate((RESERVED_ADAPTER_NAME, "conformance-adapter-never-loaded")):
+        request = ClientRequest(f"refused-{i}", (5, 6, 7, 8), 2, adapter=adapter)
+        try:
+            env.host.submit(request)  # type: ignore[attr-defined]
+        except ValueError:  # ReservedAdapterError, or the unknown-adapter error every host raises
+            refused.append(request.request_id)
+    if env.host.has_unfinished():  # type: ignore[attr-defined]
+        env.run_stepwise([])  # an accepted one is the reserved-adapter checks' concern, not this one's
+    told = [rid for rid, _ in rec.arrivals if rid in refused]
+    if told:
+        raise _fail(env, "intercept_schedule", f"submit() refused {refused} (it raised), yet on_arrival was called for "
+                    f"{told}; expected on_arrival only for requests the host accepted (validate, then announce)")
+
+
+@check("driver")
+def check_driver__generate_returns_outputs_in_request_order(env: ConformanceEnv) -> None:
+    """HostDriver.generate returns one output per request in request order, also when the requests finish in
+    another order (callers pair outputs with requests by position)."""
+    import dataclasses
+
+    base = make_prompts(env, 3, seed=31, adapter_every=0, prefix="order")
+    # the first submitted finishes last, the last first
+    requests = [dataclasses.replace(r, max_tokens=m) for r, m in zip(base, (5, 3, 1))]
+    outputs = env.run(requests)
+    got = [o.request_id for o in outputs]
+    want = [r.request_id for r in requests]
+    if got != want:
+        raise _fail(env, "driver", f"generate() for {want} (max_tokens 5, 3, 1: they finish last to first) returned "
+                    f"outputs for {got}; expected exactly one output per request, in request order")
+
+
+def _scheduled_views(env: ConformanceEnv, seed: int, slos: tuple = (None,) * 3):  # noqa: ANN001, ANN202
+    """Serve three client requests (prompts of different lengths, ``slos[i]`` on request i) and return the recorder,
+    the requests and their outputs, with every ScheduledRequest the host offered for them in offer order:
+    ``{request_id: [(batch, view, in_scheduled)]}``."""
+    import dataclasses
+
+    requests = [dataclasses.replace(r, slo=slo) for r, slo in
+                zip(make_prompts(env, 3, seed=seed, max_tokens=4, prefix="view"), slos)]
+    rec = Recorder()
+    env.install(rec)
+    outputs = {o.request_id: o for o in env.run(requests)}
+    views: dict[str, list] = {r.request_id: [] for r in requests}
+    for b in rec.batches:
+        for in_scheduled, group in ((True, b.scheduled), (False, b.waiting)):
+            for v in group:
+                if v.request_id in views:
+                    views[v.request_id].append((b, v, in_scheduled))
+    return rec, requests, outputs, views
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv) -> None:
+    """ScheduledRequest.first_token_time is the time of the request's first token: set once, never changed, no
+    earlier than its arrival and no later than the driver saw that token; last_token_time is that of its latest
+    token: never before first_token_time, never going back, never after the offer (``batch.now``)."""
+    _, requests, outputs, views = _scheduled_views(env, seed=32)
+    eps = 0.05  # clock reads of two threads/processes; the orderings checked are a decode step or more apart
+    problems: list[str] = []
+    for r in requests:
+        out = outputs.get(r.request_id)
+        first_seen = None
+        last_seen = None
+        decodes = 0
+        for b, v, in_scheduled in views[r.request_id]:
+            where = f"{r.request_id} in step {b.step_id} ({'scheduled' if in_scheduled else 'waiting'})"
+            if in_scheduled and v.is_decode:
+                decodes += 1
+                if v.first_token_time is None or v.last_token_time is None:
+                    problems.append(f"{where}: decoding (it has produced a token) but first_token_time="
+                                    f"{v.first_token_time}, last_token_time={v.last_token_time}")
+                    continue
+            if v.first_token_time is None:
+                continue
+            f, last = v.first_token_time, v.last_token_time
+            if last is None or f > last + 1e-9:
+                problems.append(f"{where}: first_token_time {f:.6f} is later than last_token_time {last}")
+            if first_seen is not None and abs(f - first_seen) > 1e-9:
+                problems.append(f"{where}: first_token_time changed from {first_seen:.6f} to {f:.6f}")
+            first_seen = f if first_seen is None else first_seen
+            if f < v.arrival_time - eps:
+                problems.append(f"{where}: first_token_time {f:.6f} is before its arrival {v.arrival_time:.6f}")
+            if out is not None and f > out.first_token_time + eps:
+                problems.append(f"{where}: first_token_time {f:.6f} is after the driver saw the first token "
+                                f"({out.first_token_time:.6f})")
+            if last is not None:
+                if last > b.now + eps:
+                    problems.append(f"{where}: last_token_time {last:.6f} is after the offer (now={b.now:.6f})")
+                if last_seen is not None and last < last_seen - 1e-9:
+                    problems.append(f"{where}: last_token_time went back from {last_seen:.6f} to {last:.6f}")
+                last_seen = last if last_seen is None else max(last_seen, last)
+        if decodes >= 1 and first_seen is None:
+            problems.append(f"{r.request_id}: decoded in {decodes} step(s) but never carried a first_token_time")
+    if problems:
+        raise _fail(env, "intercept_schedule", "ScheduledRequest token times do not follow the request's tokens "
+                    "(first_token_time: its first token, set once; last_token_time: its latest, >= first): "
+                    + "; ".join(problems[:4]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt(env: ConformanceEnv) -> None:
+    """ScheduledRequest.output_tokens counts the tokens the request generated so far, never its prompt: 0 until its
+    prefill produced the first token, then ``k`` in the ``k``-th step that decodes it (one token per step)."""
+    _, requests, _, views = _scheduled_views(env, seed=33)
+    problems: list[str] = []
+    for r in requests:
+        decodes = 0
+        for b, v, in_scheduled in views[r.request_id]:
+            where = f"{r.request_id} ({len(r.prompt_ids)}-token prompt) in step {b.step_id}"
+            if in_scheduled and v.is_decode:
+                decodes += 1
+                if v.output_tokens != decodes:
+                    problems.append(f"{where}: decoding for the {decodes}. time (it has generated {decodes} "
+                                    f"token(s)) but output_tokens={v.output_tokens}")
+            elif decodes == 0 and v.output_tokens != 0:
+                problems.append(f"{where}: {'prefilling' if in_scheduled else 'waiting'} before its first token but "
+                                f"output_tokens={v.output_tokens}, expected 0")
+    if problems:
+        raise _fail(env, "intercept_schedule", "ScheduledRequest.output_tokens must count generated tokens only: "
+                    + "; ".join(problems[:4]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_carries_its_slo(env: ConformanceEnv) -> None:
+    """Every ScheduledRequest of a client request carries the SLO that request was submitted with, exactly (all
+    fields, or only some of them, or ``None`` for a request without one): the core budgets each request against
+    its own objectives."""
+    from deltaserve_core.types import RequestSLO
+
+    slos = (RequestSLO(ttft_s=1.25, tpot_s=0.375, avg_tpot_s=0.25), None, RequestSLO(tpot_s=0.625))
+    _, requests, _, views = _scheduled_views(env, seed=34, slos=slos)
+    problems: list[str] = []
+    for r in requests:
+        if not views[r.request_id]:
+            problems.append(f"{r.request_id}: never offered to on_schedule")
+        for b, v, _ in views[r.request_id]:
+            if v.slo != r.slo:
+                problems.append(f"{r.request_id} in step {b.step_id}: slo={v.slo}, submitted with {r.slo}")
+                break
+    if problems:
+        raise _fail(env, "intercept_schedule", "expected each ScheduledRequest to carry its request's own SLO: "
+                    + "; ".join(problems[:3]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact(env: ConformanceEnv) -> None:
+    """Client request ids and fine-tuning sample ids are separate namespaces: clients numbering their requests
+    "0", "1", ... while samples 0, 1, ... run in the same steps get every token they asked for, exactly (retiring a
+    fine-tuning row never finishes, aborts or edits the client request whose id spells its sample id)."""
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    plan = iter([(0, 1), (2,), (3,)])  # sample ids per eligible step
+    seed = iter(range(3300, 3400))
+
+    def inject(batch: ProposedBatch):  # noqa: ANN202
+        if batch.is_empty or (not caps.mixed_batches and not batch.has_prefill):
+            return ()
+        ids = next(plan, ())
+        samples = []
+        for sid in ids:
+            s = make_samples(env, 1, seed=next(seed), lengths=[9])[0]
+            samples.append(type(s)(sid, s.input_ids, s.loss_mask))
+        return samples
+
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    base = make_prompts(env, 4, seed=35, max_tokens=5, adapter_every=0)
+    requests = [ClientRequest(str(i), r.prompt_ids, r.max_tokens) for i, r in enumerate(base)]
+    outputs = env.run(requests)
+    ran = sorted({s.sample_id for samples in rec.injected.values() for s in samples})
+    problems = _greedy_problems(env, outputs, requests, lambda r: None)
+    if problems:
+        raise _fail(env, "intercept_schedule", f"client requests {[r.request_id for r in requests]} ran next to "
+                    f"fine-tuning samples {ran}; expected every client output intact and equal to transformers' "
+                    "greedy output: " + "; ".join(problems[:3]))

@@ -70,6 +70,10 @@ class ScheduledRequest:
     ``context_tokens`` is the KV-cache length the request attends over *before* this step.
     ``first_token_time`` is set once the request has produced its first token; ``last_token_time`` is the
     time of its most recent token (for the TPOT budget); ``output_tokens`` counts tokens generated so far.
+    ``first_token_time`` never changes once set and is never later than ``last_token_time`` (the core measures TTFT
+    from one and TPOT from the other). ``output_tokens`` never counts the prompt (the average-TPOT budget divides by
+    it). ``slo`` must be the client request's own ``ClientRequest.slo``, exactly as submitted (``None`` only when the
+    client gave none): the core budgets each request against it.
     """
 
     request_id: str
