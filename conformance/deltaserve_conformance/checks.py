@@ -34,6 +34,9 @@ class Check:
     #: a generated or stateful check that asserts every invariant at once (so it also fails hosts that a
     #: narrow check targets); the meta-tests run broad checks only against the broken hosts aimed at them
     broad: bool = False
+    #: starts a second host in a child process (tens of seconds); the meta-tests run it only against the broken
+    #: hosts aimed at it and the reference, not against every other broken host
+    spawns: bool = False
 
     def __call__(self, env: ConformanceEnv) -> None:
         self.func(env)
@@ -43,10 +46,10 @@ CHECKS: list[Check] = []
 
 
 def check(hook: str, requires: Callable[[HostCapabilities], str | None] | None = None,  # noqa: ANN201
-          broad: bool = False):
+          broad: bool = False, spawns: bool = False):
     def register(func: Callable[[ConformanceEnv], None]) -> Callable[[ConformanceEnv], None]:
         name = func.__name__.removeprefix("check_")
-        CHECKS.append(Check(name, hook, func, requires or (lambda caps: None), broad))
+        CHECKS.append(Check(name, hook, func, requires or (lambda caps: None), broad, spawns))
         return func
 
     return register
@@ -1605,3 +1608,131 @@ def check_intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact(e
         raise _fail(env, "intercept_schedule", f"client requests {[r.request_id for r in requests]} ran next to "
                     f"fine-tuning samples {ran}; expected every client output intact and equal to transformers' "
                     "greedy output: " + "; ".join(problems[:3]))
+
+
+_PROBE_MARK = "DELTASERVE-DTYPE-PROBE "
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_probe(host, vocab_size: int) -> dict:  # noqa: ANN001
+    """What ``host`` declares (activation dtype, model dtype) and what it delivers: the dtype of the layer inputs of
+    one fine-tuning row, and of the base weights it lends (if it lends any)."""
+    from deltaserve_core.hooks import LendsBaseWeights
+    from deltaserve_core.types import FineTuneSample
+
+    delivered: set[str] = set()
+    rec = Recorder(inject=_inject_into_first_prefill([FineTuneSample(3900, (5, 9, 14, 7, 11, 6), (False,) * 3
+                                                                     + (True,) * 3)]))
+    keep = rec.layer_input
+
+    def layer_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        delivered.add(_dtype_name(hidden.dtype))
+        keep(step_id, layer, sample_id, hidden)
+
+    rec.layer_input = layer_input  # type: ignore[method-assign]
+    for hook in (host.intercept_schedule, host.capture_activation, host.report_step_time):
+        hook(rec)
+    try:
+        host.generate([ClientRequest("dtype-probe", tuple(3 + i % (vocab_size - 3) for i in range(7)), 2)])
+    finally:
+        for hook in (host.intercept_schedule, host.capture_activation, host.report_step_time):
+            hook(None)
+    lent: list[str] = []
+    if isinstance(host, LendsBaseWeights):
+        weights = host.base_weights()
+        lent = sorted({_dtype_name(t.dtype) for t in (weights or {}).values()})
+    return {"activation_dtype": host.capabilities().activation_dtype, "model_dtype": host.model_spec().dtype,
+            "delivered": sorted(delivered), "lent": lent}
+
+
+def _dtype_probe_child() -> None:
+    """Child-process entry of ``capabilities__dtypes_follow_the_engine_dtype``: start the host in another dtype, probe
+    it, print one marked JSON line (``stage`` says whether starting or probing failed)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from .plugin import build_env
+
+    args = json.loads(sys.argv[1])
+    try:
+        env = build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
+                        cache_dir=Path(args["cache"]), validate=False)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips with it
+        print(_PROBE_MARK + json.dumps({"stage": "start", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return
+    try:
+        result = {"stage": "done", **_dtype_probe(env.host, env.vocab_size)}
+    except Exception as exc:  # noqa: BLE001
+        result = {"stage": "probe", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        env.host.shutdown()  # type: ignore[attr-defined]
+    print(_PROBE_MARK + json.dumps(result), flush=True)
+
+
+def _dtype_problems(found: dict, started: str) -> list[str]:
+    problems = []
+    for field_name, what in (("activation_dtype", "capabilities().activation_dtype"),
+                             ("model_dtype", "model_spec().dtype")):
+        for kind in ("delivered", "lent"):
+            for actual in found[kind]:
+                if found[field_name] != actual:
+                    source = "layer inputs it delivered" if kind == "delivered" else "base weights it lent"
+                    problems.append(f"started in {started}: {what} says {found[field_name]!r} but the {source} are "
+                                    f"{actual}")
+    if not found["delivered"]:
+        problems.append(f"started in {started}: no layer input was delivered for the fine-tuning row")
+    return problems
+
+
+@check("capabilities", spawns=True)
+def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> None:
+    """capabilities().activation_dtype and model_spec().dtype are the dtype the engine really runs: that of the
+    layer inputs it delivers and of the base weights it lends (the core sizes its activation buffer and loads the
+    backward's base from them). The suite's host runs float32, the fields' default, so a second host of the same
+    kind is started in bfloat16 in a child process (no second engine in this process) and held to the same rule."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    problems = _dtype_problems(_dtype_probe(env.host, env.vocab_size), env.dtype)
+    if problems:
+        raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))
+    if env.dtype != "float32":
+        return  # a declaration left at the float32 default already disagrees with this host's tensors
+    import pytest
+
+    if not env.host_spec:
+        pytest.skip("capabilities__dtypes_follow_the_engine_dtype: the env does not say how its host was started "
+                    "(ConformanceEnv.host_spec), so no bfloat16 host can be started to tell the declared dtype from "
+                    "the float32 default")
+    config = env.config
+    args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": "bfloat16",
+            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    code = "from deltaserve_conformance.checks import _dtype_probe_child; _dtype_probe_child()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                              timeout=300, env=child_env)
+    except subprocess.TimeoutExpired as exc:
+        raise _fail(env, "capabilities", "a bfloat16 host of the same kind did not start and serve one request "
+                    "within 300 s") from exc
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_PROBE_MARK)]
+    if not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise _fail(env, "capabilities", f"the bfloat16 probe of {env.host_spec!r} exited {done.returncode} without "
+                    f"a result: {' | '.join(tail)}")
+    found = json.loads(lines[-1][len(_PROBE_MARK):])
+    if found["stage"] == "start":
+        pytest.skip(f"capabilities__dtypes_follow_the_engine_dtype: {env.host_spec} cannot run bfloat16 on "
+                    f"{args['device']} ({found['error'][:300]}); only its {env.dtype} declaration was checked")
+    if found["stage"] == "probe":
+        raise _fail(env, "capabilities", f"a bfloat16 host of the same kind started but failed to serve one request "
+                    f"with a fine-tuning row: {found['error'][:500]}")
+    problems = _dtype_problems(found, "bfloat16")
+    if problems:
+        raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))

@@ -153,6 +153,9 @@ class ConformanceEnv:
     seed: int = 0
     #: the limits the host was started with (max_batch_tokens, max_running_requests); scenarios fill up to them
     config: HostConfig | None = None
+    #: what the host was started from (``module:factory`` or a registered name), so a check can start another one
+    #: of the same kind in a child process (``capabilities__dtypes_follow_the_engine_dtype``); empty when unknown
+    host_spec: str = ""
     _independent: IndependentModel | None = field(default=None, repr=False)
 
     @property

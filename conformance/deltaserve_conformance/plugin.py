@@ -104,7 +104,8 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
         seed = 0 if profile == "fast" else int.from_bytes(os.urandom(4), "little")
     return ConformanceEnv(host=host, host_name=getattr(host, "name", host_spec), model_dir=Path(model_dir),
                           client_adapter=CLIENT_ADAPTER, client_adapter_dir=Path(client_dir), finetune_state=state,
-                          vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config)
+                          vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config,
+                          host_spec=host_spec)
 
 
 @pytest.fixture(scope="session")

@@ -201,6 +201,10 @@ RULES: tuple[Rule, ...] = (
          core_obligation=_CORE + " (checks inject into prefill steps only when mixed_batches is False)"),
     Rule("HostCapabilities", "the core never injects more",
          core_obligation=_CORE + " (the generated scenarios fill up to the cap, never past it)"),
+    Rule("HostCapabilities", "It must be the dtype the engine runs in",
+         ("capabilities__dtypes_follow_the_engine_dtype",)),
+    Rule("ModelSpec", "``dtype`` must be the dtype the engine serves the model in",
+         ("capabilities__dtypes_follow_the_engine_dtype",)),
     Rule("HostCapabilities", "never reused under another",
          core_obligation="the calibration store's obligation (tests/test_calibration.py)"),
 )

@@ -1128,6 +1128,31 @@ class SharedIdNamespaceHost(ReferenceHost):
         return record
 
 
+class TorchDefaultModelDtypeHost(ReferenceHost):
+    """model_spec().dtype is read from torch's default dtype (float32 in every process) instead of the dtype the
+    model was loaded in: right in a float32 run, wrong once the engine serves bfloat16."""
+
+    name = "broken-torch-default-model-dtype"
+
+    def model_spec(self):  # noqa: ANN201
+        import dataclasses
+
+        return dataclasses.replace(super().model_spec(), dtype=str(torch.get_default_dtype()).removeprefix("torch."))
+
+
+class DeclaresGpuDtypeHost(ReferenceHost):
+    """capabilities() declares the activation dtype of the GPU deployment it was written for (bfloat16) whatever
+    dtype the engine was started in."""
+
+    name = "broken-declares-gpu-dtype"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import dataclasses
+
+        super().__init__(config)
+        self._capabilities = dataclasses.replace(self._capabilities, activation_dtype="bfloat16")
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1207,4 +1232,6 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     OutputTokensCountPromptHost: "intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",
     TtftOnlySloHost: "intercept_schedule__scheduled_request_carries_its_slo",
     SharedIdNamespaceHost: "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
+    TorchDefaultModelDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
+    DeclaresGpuDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
 }

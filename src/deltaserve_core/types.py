@@ -208,7 +208,9 @@ class HostCapabilities:
     - ``mixed_batches``: one step may hold prefill and decode rows (vLLM, SGLang's mixed chunk, the reference
       host); S-LoRA never mixes them, so the core admits fine-tuning only into prefill steps there.
     - ``graph_modes``: execution modes the host can run steps in. ``{EAGER}`` for hosts without CUDA graphs.
-    - ``activation_dtype``: dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of captured layer inputs.
+    - ``activation_dtype``: dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of captured layer inputs. It
+      must be the dtype the engine runs in, never the field's default left as is: the core sizes its activation
+      buffer and the backward pass from it.
     - ``supports_abort``: the host checks :meth:`ActivationSink.should_abort` at layer boundaries of
       fine-tuning-only steps.
     - ``max_finetune_tokens_per_step``: largest number of fine-tuning tokens one step may carry (the host's
@@ -242,7 +244,8 @@ class ModelSpec:
 
     ``path`` is a local transformers checkpoint folder (the backward process loads or maps the base weights
     from it when the host cannot share its own tensors); ``layer_module`` is the dotted attribute path of the
-    decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families).
+    decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families). ``dtype`` must be the
+    dtype the engine serves the model in (the backward process loads the base and replays captures in it).
     """
 
     path: str
