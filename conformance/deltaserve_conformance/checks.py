@@ -1540,15 +1540,17 @@ def check_intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt
     _, requests, _, views = _scheduled_views(env, seed=33)
     problems: list[str] = []
     for r in requests:
-        decodes = 0
+        decode_steps: list[int] = []  # by step id: a step offered twice is still one step (once_per_step's concern)
         for b, v, in_scheduled in views[r.request_id]:
             where = f"{r.request_id} ({len(r.prompt_ids)}-token prompt) in step {b.step_id}"
             if in_scheduled and v.is_decode:
-                decodes += 1
+                if b.step_id not in decode_steps:
+                    decode_steps.append(b.step_id)
+                decodes = decode_steps.index(b.step_id) + 1
                 if v.output_tokens != decodes:
                     problems.append(f"{where}: decoding for the {decodes}. time (it has generated {decodes} "
                                     f"token(s)) but output_tokens={v.output_tokens}")
-            elif decodes == 0 and v.output_tokens != 0:
+            elif not decode_steps and v.output_tokens != 0:
                 problems.append(f"{where}: {'prefilling' if in_scheduled else 'waiting'} before its first token but "
                                 f"output_tokens={v.output_tokens}, expected 0")
     if problems:

@@ -1162,8 +1162,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                             "capture_activation__mixed_step_rows_complete_whatever_should_abort_says"),
     LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
                 "run_profile_step__synthetic_rows_never_reach_a_client"),
+    # every check that holds client outputs next to fine-tuning rows to transformers' greedy tokens sees the drift
     DriftingOutputsHost: ("intercept_schedule__outputs_unchanged_by_injection",
-                          "intercept_schedule__client_outputs_match_independent_model"),
+                          "intercept_schedule__client_outputs_match_independent_model",
+                          "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact"),
     SchedulingChangesHost: "intercept_schedule__declining_leaves_batch_unchanged",
     ReservedAdapterHost: "intercept_schedule__reserved_adapter_refused",
     # every check that compares captures with transformers + PEFT sees the scaled capture
@@ -1182,7 +1184,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
-                    "intercept_schedule__client_outputs_match_independent_model"),
+                    "intercept_schedule__client_outputs_match_independent_model",
+                    "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact"),
     MistypedHookHost: "protocol__validate_host",
     SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
     LateBeginStepHost: "capture_activation__call_order",
