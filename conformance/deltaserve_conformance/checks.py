@@ -34,6 +34,9 @@ class Check:
     #: a generated or stateful check that asserts every invariant at once (so it also fails hosts that a
     #: narrow check targets); the meta-tests run broad checks only against the broken hosts aimed at them
     broad: bool = False
+    #: starts a second host in a child process (tens of seconds); the meta-tests run it only against the broken
+    #: hosts aimed at it and the reference, not against every other broken host
+    spawns: bool = False
 
     def __call__(self, env: ConformanceEnv) -> None:
         self.func(env)
@@ -43,10 +46,10 @@ CHECKS: list[Check] = []
 
 
 def check(hook: str, requires: Callable[[HostCapabilities], str | None] | None = None,  # noqa: ANN201
-          broad: bool = False):
+          broad: bool = False, spawns: bool = False):
     def register(func: Callable[[ConformanceEnv], None]) -> Callable[[ConformanceEnv], None]:
         name = func.__name__.removeprefix("check_")
-        CHECKS.append(Check(name, hook, func, requires or (lambda caps: None), broad))
+        CHECKS.append(Check(name, hook, func, requires or (lambda caps: None), broad, spawns))
         return func
 
     return register
@@ -63,7 +66,8 @@ class RuleViolation(AssertionError):
 #: hook named in a failure -> where its rules are written (``Class.member`` prefixes in rules.RULES)
 _RULE_HOMES = {"intercept_schedule": ("HostHooks.intercept_schedule", "ScheduleInterceptor", "#:RESERVED"),
                "capture_activation": ("HostHooks.capture_activation", "ActivationSink"),
-               "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",)}
+               "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",),
+               "driver": ("HostDriver", "check_client_adapter")}
 
 
 def _fail(env: ConformanceEnv, hook: str, message: str) -> AssertionError:
@@ -1076,8 +1080,6 @@ def check_publish_adapter__new_version_never_served_stale_kv(env: ConformanceEnv
                         "greedy outputs for its weights; " + "; ".join(problems[:3]))
 
 
-# The generated and stateful checks register themselves into CHECKS (after every fixed check: they run last).
-from . import scenarios as _scenarios  # noqa: E402,F401
 
 
 # ------------------------------------------------------------------------------------------ hook lifecycle
@@ -1637,3 +1639,331 @@ def check_run_profile_step__finetune_rows_never_dropped(env: ConformanceEnv) -> 
             raise _fail(env, "run_profile_step", f"a profile step {when} asked for fine-tuning rows "
                         f"{shape.finetune_lengths} and reports {got.finetune_lengths} (prefills "  # type: ignore[attr-defined]
                         f"{got.prefill_lengths}): expected them run, or the shape refused by raising")  # type: ignore[attr-defined]
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__no_on_arrival_for_refused_requests(env: ConformanceEnv) -> None:
+    """A request ``submit`` refuses (the reserved adapter, an adapter the host never loaded) never entered the host:
+    on_arrival is never called for it, or the core aborts fine-tuning steps for it and keeps waiting on a request
+    that is never scheduled."""
+    rec = Recorder()
+    env.install(rec)
+    refused: list[str] = []
+    for i, adapter in enumerate((RESERVED_ADAPTER_NAME, "conformance-adapter-never-loaded")):
+        request = ClientRequest(f"refused-{i}", (5, 6, 7, 8), 2, adapter=adapter)
+        try:
+            env.host.submit(request)  # type: ignore[attr-defined]
+        except ValueError:  # ReservedAdapterError, or the unknown-adapter error every host raises
+            refused.append(request.request_id)
+    if env.host.has_unfinished():  # type: ignore[attr-defined]
+        env.run_stepwise([])  # an accepted one is the reserved-adapter checks' concern, not this one's
+    told = [rid for rid, _ in rec.arrivals if rid in refused]
+    if told:
+        raise _fail(env, "intercept_schedule", f"submit() refused {refused} (it raised), yet on_arrival was called for "
+                    f"{told}; expected on_arrival only for requests the host accepted (validate, then announce)")
+
+
+@check("driver")
+def check_driver__generate_returns_outputs_in_request_order(env: ConformanceEnv) -> None:
+    """HostDriver.generate returns one output per request in request order, also when the requests finish in
+    another order (callers pair outputs with requests by position)."""
+    import dataclasses
+
+    base = make_prompts(env, 3, seed=31, adapter_every=0, prefix="order")
+    # the first submitted finishes last, the last first
+    requests = [dataclasses.replace(r, max_tokens=m) for r, m in zip(base, (5, 3, 1))]
+    outputs = env.run(requests)
+    got = [o.request_id for o in outputs]
+    want = [r.request_id for r in requests]
+    if got != want:
+        raise _fail(env, "driver", f"generate() for {want} (max_tokens 5, 3, 1: they finish last to first) returned "
+                    f"outputs for {got}; expected exactly one output per request, in request order")
+
+
+def _scheduled_views(env: ConformanceEnv, seed: int, slos: tuple = (None,) * 3):  # noqa: ANN001, ANN202
+    """Serve three client requests (prompts of different lengths, ``slos[i]`` on request i) and return the requests,
+    their outputs, and every ScheduledRequest the host offered for them in offer order:
+    ``{request_id: [(batch, view, in_scheduled, produced, known)]}``. ``produced`` counts the request's earlier steps
+    that yielded a token (its last prefill chunk, each decode); ``known`` those of them whose StepRecord reached the
+    step sink before this offer (records come after a step's outputs are processed, so their tokens are known to the
+    scheduler; a host with a step in flight may not know the latest one yet)."""
+    import dataclasses
+
+    requests = [dataclasses.replace(r, slo=slo) for r, slo in
+                zip(make_prompts(env, 3, seed=seed, max_tokens=4, prefix="view"), slos)]
+    rec = Recorder()
+    env.install(rec)
+    outputs = {o.request_id: o for o in env.run(requests)}
+    recorded: list[set[int]] = []  # per offer, in offer order: steps whose record arrived before it
+    done: set[int] = set()
+    for kind, step_id in rec.events:
+        if kind == "record":
+            done.add(step_id)
+        elif kind == "schedule":
+            recorded.append(set(done))
+    prompt = {r.request_id: len(r.prompt_ids) for r in requests}
+    views: dict[str, list] = {r.request_id: [] for r in requests}
+    token_steps: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    for b, before in zip(rec.batches, recorded):
+        for in_scheduled, group in ((True, b.scheduled), (False, b.waiting)):
+            for v in group:
+                if v.request_id in views:
+                    earlier = [s for s in token_steps[v.request_id] if s != b.step_id]
+                    views[v.request_id].append((b, v, in_scheduled, len(earlier),
+                                                sum(1 for s in earlier if s in before)))
+        for v in b.scheduled:
+            if v.request_id in views and b.step_id not in token_steps[v.request_id] and (
+                    v.is_decode or v.context_tokens + v.prefill_tokens >= prompt[v.request_id]):
+                token_steps[v.request_id].append(b.step_id)
+    return requests, outputs, views
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv) -> None:
+    """ScheduledRequest.first_token_time is the time of the request's first token: set once it is known (a step of
+    the request that yielded a token has been reported), never changed, no earlier than its arrival and no later than
+    the driver saw that token; last_token_time is that of its latest token: never before first_token_time, never
+    going back, never after the offer (``batch.now``)."""
+    requests, outputs, views = _scheduled_views(env, seed=32)
+    eps = 0.05  # clock reads of two threads/processes; the orderings checked are a decode step or more apart
+    problems: list[str] = []
+    for r in requests:
+        out = outputs.get(r.request_id)
+        first_seen = None
+        last_seen = None
+        for b, v, in_scheduled, _, known in views[r.request_id]:
+            where = f"{r.request_id} in step {b.step_id} ({'scheduled' if in_scheduled else 'waiting'})"
+            if known and (v.first_token_time is None or v.last_token_time is None):
+                problems.append(f"{where}: {known} step(s) that yielded its tokens were reported already, but "
+                                f"first_token_time={v.first_token_time}, last_token_time={v.last_token_time}")
+                continue
+            if v.first_token_time is None:
+                continue
+            f, last = v.first_token_time, v.last_token_time
+            if last is None or f > last + 1e-9:
+                problems.append(f"{where}: first_token_time {f:.6f} is later than last_token_time {last}")
+            if first_seen is not None and abs(f - first_seen) > 1e-9:
+                problems.append(f"{where}: first_token_time changed from {first_seen:.6f} to {f:.6f}")
+            first_seen = f if first_seen is None else first_seen
+            if f < v.arrival_time - eps:
+                problems.append(f"{where}: first_token_time {f:.6f} is before its arrival {v.arrival_time:.6f}")
+            if out is not None and f > out.first_token_time + eps:
+                problems.append(f"{where}: first_token_time {f:.6f} is after the driver saw the first token "
+                                f"({out.first_token_time:.6f})")
+            if last is not None:
+                if last > b.now + eps:
+                    problems.append(f"{where}: last_token_time {last:.6f} is after the offer (now={b.now:.6f})")
+                if last_seen is not None and last < last_seen - 1e-9:
+                    problems.append(f"{where}: last_token_time went back from {last_seen:.6f} to {last:.6f}")
+                last_seen = last if last_seen is None else max(last_seen, last)
+    if problems:
+        raise _fail(env, "intercept_schedule", "ScheduledRequest token times do not follow the request's tokens "
+                    "(first_token_time: its first token, set once; last_token_time: its latest, >= first): "
+                    + "; ".join(problems[:4]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt(env: ConformanceEnv) -> None:
+    """ScheduledRequest.output_tokens counts the tokens the request generated so far, never its prompt: 0 until the
+    step of its last prefill chunk, then one more per step that decoded it (a host with a step in flight may not
+    know that step's token yet: between the tokens of the request's reported steps and those of all its earlier
+    steps)."""
+    requests, _, views = _scheduled_views(env, seed=33)
+    problems: list[str] = []
+    for r in requests:
+        for b, v, in_scheduled, produced, known in views[r.request_id]:
+            if not known <= v.output_tokens <= produced:
+                want = f"{produced}" if known == produced else f"between {known} and {produced}"
+                problems.append(f"{r.request_id} ({len(r.prompt_ids)}-token prompt) in step {b.step_id} "
+                                f"({'scheduled' if in_scheduled else 'waiting'}): output_tokens={v.output_tokens}, "
+                                f"expected {want} (its earlier steps that yielded a token: {produced}, reported: "
+                                f"{known})")
+    if problems:
+        raise _fail(env, "intercept_schedule", "ScheduledRequest.output_tokens must count generated tokens only: "
+                    + "; ".join(problems[:4]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_request_carries_its_slo(env: ConformanceEnv) -> None:
+    """Every ScheduledRequest of a client request carries the SLO that request was submitted with, exactly (all
+    fields, or only some of them, or ``None`` for a request without one): the core budgets each request against
+    its own objectives."""
+    from deltaserve_core.types import RequestSLO
+
+    slos = (RequestSLO(ttft_s=1.25, tpot_s=0.375, avg_tpot_s=0.25), None, RequestSLO(tpot_s=0.625))
+    requests, _, views = _scheduled_views(env, seed=34, slos=slos)
+    problems: list[str] = []
+    for r in requests:
+        if not views[r.request_id]:
+            problems.append(f"{r.request_id}: never offered to on_schedule")
+        for b, v, *_ in views[r.request_id]:
+            if v.slo != r.slo:
+                problems.append(f"{r.request_id} in step {b.step_id}: slo={v.slo}, submitted with {r.slo}")
+                break
+    if problems:
+        raise _fail(env, "intercept_schedule", "expected each ScheduledRequest to carry its request's own SLO: "
+                    + "; ".join(problems[:3]))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact(env: ConformanceEnv) -> None:
+    """Client request ids and fine-tuning sample ids are separate namespaces: clients numbering their requests
+    "0", "1", ... while samples 0, 1, ... run in the same steps get every token they asked for, exactly (retiring a
+    fine-tuning row never finishes, aborts or edits the client request whose id spells its sample id)."""
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    plan = iter([(0, 1), (2,), (3,)])  # sample ids per eligible step
+    seed = iter(range(3300, 3400))
+
+    def inject(batch: ProposedBatch):  # noqa: ANN202
+        if batch.is_empty or (not caps.mixed_batches and not batch.has_prefill):
+            return ()
+        ids = next(plan, ())
+        samples = []
+        for sid in ids:
+            s = make_samples(env, 1, seed=next(seed), lengths=[9])[0]
+            samples.append(type(s)(sid, s.input_ids, s.loss_mask))
+        return samples
+
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    base = make_prompts(env, 4, seed=35, max_tokens=5, adapter_every=0)
+    requests = [ClientRequest(str(i), r.prompt_ids, r.max_tokens) for i, r in enumerate(base)]
+    outputs = env.run(requests)
+    ran = sorted({s.sample_id for samples in rec.injected.values() for s in samples})
+    problems = _greedy_problems(env, outputs, requests, lambda r: None)
+    if problems:
+        raise _fail(env, "intercept_schedule", f"client requests {[r.request_id for r in requests]} ran next to "
+                    f"fine-tuning samples {ran}; expected every client output intact and equal to transformers' "
+                    "greedy output: " + "; ".join(problems[:3]))
+
+
+_PROBE_MARK = "DELTASERVE-DTYPE-PROBE "
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_probe(host, vocab_size: int) -> dict:  # noqa: ANN001
+    """What ``host`` declares (activation dtype, model dtype) and what it delivers: the dtype of the layer inputs of
+    one fine-tuning row, and of the base weights it lends (if it lends any)."""
+    from deltaserve_core.hooks import LendsBaseWeights
+    from deltaserve_core.types import FineTuneSample
+
+    delivered: set[str] = set()
+    rec = Recorder(inject=_inject_into_first_prefill([FineTuneSample(3900, (5, 9, 14, 7, 11, 6), (False,) * 3
+                                                                     + (True,) * 3)]))
+    keep = rec.layer_input
+
+    def layer_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        delivered.add(_dtype_name(hidden.dtype))
+        keep(step_id, layer, sample_id, hidden)
+
+    rec.layer_input = layer_input  # type: ignore[method-assign]
+    for hook in (host.intercept_schedule, host.capture_activation, host.report_step_time):
+        hook(rec)
+    try:
+        host.generate([ClientRequest("dtype-probe", tuple(3 + i % (vocab_size - 3) for i in range(7)), 2)])
+    finally:
+        for hook in (host.intercept_schedule, host.capture_activation, host.report_step_time):
+            hook(None)
+    lent: list[str] = []
+    if isinstance(host, LendsBaseWeights):
+        weights = host.base_weights()
+        lent = sorted({_dtype_name(t.dtype) for t in (weights or {}).values()})
+    return {"activation_dtype": host.capabilities().activation_dtype, "model_dtype": host.model_spec().dtype,
+            "delivered": sorted(delivered), "lent": lent}
+
+
+def _dtype_probe_child() -> None:
+    """Child-process entry of ``capabilities__dtypes_follow_the_engine_dtype``: start the host in another dtype, probe
+    it, print one marked JSON line (``stage`` says whether starting or probing failed)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from .plugin import build_env
+
+    args = json.loads(sys.argv[1])
+    try:
+        env = build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
+                        cache_dir=Path(args["cache"]), validate=False)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips with it
+        print(_PROBE_MARK + json.dumps({"stage": "start", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        return
+    try:
+        result = {"stage": "done", **_dtype_probe(env.host, env.vocab_size)}
+    except Exception as exc:  # noqa: BLE001
+        result = {"stage": "probe", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        env.host.shutdown()  # type: ignore[attr-defined]
+    print(_PROBE_MARK + json.dumps(result), flush=True)
+
+
+def _dtype_problems(found: dict, started: str) -> list[str]:
+    problems = []
+    for field_name, what in (("activation_dtype", "capabilities().activation_dtype"),
+                             ("model_dtype", "model_spec().dtype")):
+        for kind in ("delivered", "lent"):
+            for actual in found[kind]:
+                if found[field_name] != actual:
+                    source = "layer inputs it delivered" if kind == "delivered" else "base weights it lent"
+                    problems.append(f"started in {started}: {what} says {found[field_name]!r} but the {source} are "
+                                    f"{actual}")
+    if not found["delivered"]:
+        problems.append(f"started in {started}: no layer input was delivered for the fine-tuning row")
+    return problems
+
+
+@check("capabilities", spawns=True)
+def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> None:
+    """capabilities().activation_dtype and model_spec().dtype are the dtype the engine really runs: that of the
+    layer inputs it delivers and of the base weights it lends (the core sizes its activation buffer and loads the
+    backward's base from them). The suite's host runs float32, the fields' default, so a second host of the same
+    kind is started in bfloat16 in a child process (no second engine in this process) and held to the same rule."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    problems = _dtype_problems(_dtype_probe(env.host, env.vocab_size), env.dtype)
+    if problems:
+        raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))
+    if env.dtype != "float32":
+        return  # a declaration left at the float32 default already disagrees with this host's tensors
+    import pytest
+
+    if not env.host_spec:
+        pytest.skip("capabilities__dtypes_follow_the_engine_dtype: the env does not say how its host was started "
+                    "(ConformanceEnv.host_spec), so no bfloat16 host can be started to tell the declared dtype from "
+                    "the float32 default")
+    config = env.config
+    args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": "bfloat16",
+            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
+    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    code = "from deltaserve_conformance.checks import _dtype_probe_child; _dtype_probe_child()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                              timeout=300, env=child_env)
+    except subprocess.TimeoutExpired as exc:
+        raise _fail(env, "capabilities", "a bfloat16 host of the same kind did not start and serve one request "
+                    "within 300 s") from exc
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(_PROBE_MARK)]
+    if not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise _fail(env, "capabilities", f"the bfloat16 probe of {env.host_spec!r} exited {done.returncode} without "
+                    f"a result: {' | '.join(tail)}")
+    found = json.loads(lines[-1][len(_PROBE_MARK):])
+    if found["stage"] == "start":
+        pytest.skip(f"capabilities__dtypes_follow_the_engine_dtype: {env.host_spec} cannot run bfloat16 on "
+                    f"{args['device']} ({found['error'][:300]}); only its {env.dtype} declaration was checked")
+    if found["stage"] == "probe":
+        raise _fail(env, "capabilities", f"a bfloat16 host of the same kind started but failed to serve one request "
+                    f"with a fine-tuning row: {found['error'][:500]}")
+    problems = _dtype_problems(found, "bfloat16")
+    if problems:
+        raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))
+
+
+# The generated and stateful checks register themselves into CHECKS (after every fixed check: they run last).
+from . import scenarios as _scenarios  # noqa: E402,F401

@@ -155,6 +155,9 @@ class ConformanceEnv:
     config: HostConfig | None = None
     #: (shape, what run_profile_step returned or raised) for one profile step run before set_finetune_adapter
     profile_before_adapter: tuple[object, object] | None = None
+    #: what the host was started from (``module:factory`` or a registered name), so a check can start another one
+    #: of the same kind in a child process (``capabilities__dtypes_follow_the_engine_dtype``); empty when unknown
+    host_spec: str = ""
     _independent: IndependentModel | None = field(default=None, repr=False)
 
     @property

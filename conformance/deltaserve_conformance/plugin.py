@@ -113,7 +113,7 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
     return ConformanceEnv(host=host, host_name=getattr(host, "name", host_spec), model_dir=Path(model_dir),
                           client_adapter=CLIENT_ADAPTER, client_adapter_dir=Path(client_dir), finetune_state=state,
                           vocab_size=vocab, dtype=dtype, profile=profile, seed=seed, config=config,
-                          profile_before_adapter=(probe, before_adapter))
+                          profile_before_adapter=(probe, before_adapter), host_spec=host_spec)
 
 
 @pytest.fixture(scope="session")

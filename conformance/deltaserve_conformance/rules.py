@@ -1,9 +1,10 @@
 """Every normative sentence of the host protocol, and the check(s) that enforce it.
 
-The protocol is written down in the docstrings (and ``#:`` comments) of :mod:`deltaserve_core.hooks` and
-:mod:`deltaserve_core.types`. :func:`documented_rules` parses them: a sentence is a rule when it says *must*,
-*never*, *exactly* or *once per*. :data:`RULES` maps each one to the checks that enforce it, or says why none can
-(an obligation of the core, which the suite's recorders keep by construction). The meta-test
+The protocol is written down in the docstrings (and ``#:`` comments) of :mod:`deltaserve_core.hooks`,
+:mod:`deltaserve_core.types` and :mod:`deltaserve_core.driver` (the client side every check drives).
+:func:`documented_rules` parses them: a sentence is a rule when it says *must*, *never*, *exactly* or *once per*.
+:data:`RULES` maps each one to the checks that enforce it, or says why none can (an obligation of the core, which
+the suite's recorders keep by construction). The meta-test
 ``test_rules.py`` fails when a new rule appears without an entry here, so the contract cannot grow past the suite.
 """
 
@@ -54,15 +55,16 @@ _CACHE: list[DocumentedRule] | None = None
 
 
 def documented_rules() -> list[DocumentedRule]:
-    """Parse hooks.py and types.py (the installed ones) for normative sentences."""
+    """Parse hooks.py, types.py and driver.py (the installed ones) for normative sentences."""
     global _CACHE
     if _CACHE is not None:
         return _CACHE
+    import deltaserve_core.driver as driver
     import deltaserve_core.hooks as hooks
     import deltaserve_core.types as types
 
     found: list[DocumentedRule] = []
-    for module in (hooks, types):
+    for module in (hooks, types, driver):
         source = Path(module.__file__).read_text()  # type: ignore[arg-type]
         tree = ast.parse(source)
 
@@ -108,6 +110,23 @@ RULES: tuple[Rule, ...] = (
          ("intercept_schedule__on_arrival_once_per_client_request",
           "stateful__interleaved_operations_keep_every_invariant")),
     Rule("ScheduleInterceptor.on_arrival", "Must not block", core_obligation=_CORE),
+    Rule("ScheduleInterceptor.on_arrival", "Never called for a request ``submit`` refuses",
+         ("intercept_schedule__no_on_arrival_for_refused_requests",)),
+    Rule("ScheduledRequest", "``first_token_time`` never changes once set",
+         ("intercept_schedule__scheduled_request_token_times",)),
+    Rule("ScheduledRequest", "``output_tokens`` never counts the prompt",
+         ("intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",)),
+    Rule("ScheduledRequest", "``slo`` must be the client request's own",
+         ("intercept_schedule__scheduled_request_carries_its_slo",)),
+    Rule("HostDriver.generate", "Returns exactly one output per request, in request order",
+         ("driver__generate_returns_outputs_in_request_order",)),
+    Rule("HostDriver.generate", "Steps run meanwhile go through the hooks exactly as in serving",
+         ("intercept_schedule__injected_rows_run_in_same_step",
+          "intercept_schedule__client_outputs_match_independent_model")),
+    Rule("HostDriver.submit", "never lost", ("intercept_schedule__request_submitted_during_a_step_is_served",)),
+    Rule("check_client_adapter", "What every host's ``submit`` must refuse",
+         ("intercept_schedule__reserved_adapter_refused", "intercept_schedule__reserved_adapter_variants_refused",
+          "intercept_schedule__no_on_arrival_for_refused_requests")),
     Rule("ScheduleInterceptor.on_arrival", "must never be lost",
          ("intercept_schedule__request_submitted_during_a_step_is_served",)),
     Rule("ActivationSink.begin_step", "Called once per such step, before layer 0",
@@ -148,6 +167,7 @@ RULES: tuple[Rule, ...] = (
           "intercept_schedule__declining_leaves_batch_unchanged", "intercept_schedule__inputs_not_mutated",
           "intercept_schedule__finetune_rows_read_no_prefix_cache",
           "intercept_schedule__no_finetune_row_reaches_client", "intercept_schedule__outputs_unchanged_by_injection",
+          "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
           "intercept_schedule__client_outputs_match_independent_model", "intercept_schedule__on_arrival_once_per_client_request",
           "generated__scenarios_keep_every_invariant", "stateful__interleaved_operations_keep_every_invariant")),
     Rule("HostHooks.capture_activation", "must run eagerly", ("graph_mode__finetune_steps_are_eager",
@@ -195,6 +215,10 @@ RULES: tuple[Rule, ...] = (
          core_obligation=_CORE + " (checks inject into prefill steps only when mixed_batches is False)"),
     Rule("HostCapabilities", "the core never injects more",
          core_obligation=_CORE + " (the generated scenarios fill up to the cap, never past it)"),
+    Rule("HostCapabilities", "It must be the dtype the engine runs in",
+         ("capabilities__dtypes_follow_the_engine_dtype",)),
+    Rule("ModelSpec", "``dtype`` must be the dtype the engine serves the model in",
+         ("capabilities__dtypes_follow_the_engine_dtype",)),
     Rule("HostCapabilities", "never reused under another",
          core_obligation="the calibration store's obligation (tests/test_calibration.py)"),
 )

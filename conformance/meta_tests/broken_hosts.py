@@ -1195,6 +1195,148 @@ class RecordBeforeOutputsHost(ReferenceHost):
         return record
 
 
+class AnnouncesRefusedHost(ReferenceHost):
+    """A refused request is announced on its way out: on_arrival runs in the error path of submit, so the core is
+    told about a request that never entered the host."""
+
+    name = "broken-announces-refused"
+
+    def submit(self, request: ClientRequest) -> None:
+        try:
+            super().submit(request)
+        except ValueError:
+            if self._interceptor is not None:
+                import time
+
+                self._interceptor.on_arrival(request.request_id, time.monotonic())
+            raise
+
+
+class FinishOrderGenerateHost(ReferenceHost):
+    """generate() hands back outputs sorted by when they finished instead of in request order."""
+
+    name = "broken-finish-order"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        return sorted(super().generate(requests), key=lambda o: o.finish_time)
+
+
+class _EditsViews(_Interceptor):
+    """Hands the core every ScheduledRequest through ``self.edit(view)``."""
+
+    def __init__(self, inner: ScheduleInterceptor, host: ReferenceHost) -> None:
+        super().__init__(inner)
+        self.host = host
+
+    def edit(self, view):  # noqa: ANN001, ANN201
+        return view
+
+    def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        import dataclasses
+
+        return self.inner.on_schedule(dataclasses.replace(
+            batch, scheduled=tuple(self.edit(v) for v in batch.scheduled),
+            waiting=tuple(self.edit(v) for v in batch.waiting)))
+
+
+class _LatestTimeTwice(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        return dataclasses.replace(view, first_token_time=view.last_token_time)
+
+
+class LatestTokenTimeAsFirstHost(_WrapsInterceptor):
+    """The adapter keeps only the latest token's time and reports it as first_token_time too: the first token's
+    time moves with every decode."""
+
+    name = "broken-latest-time-as-first"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _LatestTimeTwice(interceptor, self)
+
+
+class _SequenceLength(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        seq = next((s for s in [*self.host._running, *self.host._waiting] if s.request.request_id == view.request_id),
+                   None)
+        if seq is None:
+            return view
+        return dataclasses.replace(view, output_tokens=len(seq.request.prompt_ids) + len(seq.output))
+
+
+class OutputTokensCountPromptHost(_WrapsInterceptor):
+    """output_tokens is the sequence's length (prompt plus generated tokens), as an engine's ``num_tokens``."""
+
+    name = "broken-output-tokens-count-prompt"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _SequenceLength(interceptor, self)
+
+
+class _TtftOnly(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        from deltaserve_core.types import RequestSLO
+
+        slo = view.slo
+        kept = RequestSLO(ttft_s=slo.ttft_s) if slo is not None and slo.ttft_s is not None else None
+        return dataclasses.replace(view, slo=kept)
+
+
+class TtftOnlySloHost(_WrapsInterceptor):
+    """Only the TTFT objective of a request's SLO is forwarded to the scheduler; TPOT objectives are dropped."""
+
+    name = "broken-ttft-only-slo"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _TtftOnly(interceptor, self)
+
+
+class SharedIdNamespaceHost(ReferenceHost):
+    """Fine-tuning rows and client requests share one id namespace: retiring a row writes its last input token into
+    the output slot of the client request whose id spells the sample id."""
+
+    name = "broken-shared-id-namespace"
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        record = super()._execute(step_id, rows, tokens, synthetic)
+        slots = {s.request.request_id: s for s in self._running}
+        for row in rows:
+            seq = row.sample is not None and slots.get(str(row.sample.sample_id))
+            if seq and seq.output:
+                seq.output[-1] = row.sample.input_ids[-1]
+        return record
+
+
+class TorchDefaultModelDtypeHost(ReferenceHost):
+    """model_spec().dtype is read from torch's default dtype (float32 in every process) instead of the dtype the
+    model was loaded in: right in a float32 run, wrong once the engine serves bfloat16."""
+
+    name = "broken-torch-default-model-dtype"
+
+    def model_spec(self):  # noqa: ANN201
+        import dataclasses
+
+        return dataclasses.replace(super().model_spec(), dtype=str(torch.get_default_dtype()).removeprefix("torch."))
+
+
+class DeclaresGpuDtypeHost(ReferenceHost):
+    """capabilities() declares the activation dtype of the GPU deployment it was written for (bfloat16) whatever
+    dtype the engine was started in."""
+
+    name = "broken-declares-gpu-dtype"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import dataclasses
+
+        super().__init__(config)
+        self._capabilities = dataclasses.replace(self._capabilities, activation_dtype="bfloat16")
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1204,8 +1346,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                             "capture_activation__mixed_step_rows_complete_whatever_should_abort_says"),
     LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
                 "run_profile_step__synthetic_rows_never_reach_a_client"),
+    # every check that holds client outputs next to fine-tuning rows to transformers' greedy tokens sees the drift
     DriftingOutputsHost: ("intercept_schedule__outputs_unchanged_by_injection",
-                          "intercept_schedule__client_outputs_match_independent_model"),
+                          "intercept_schedule__client_outputs_match_independent_model",
+                          "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact"),
     SchedulingChangesHost: "intercept_schedule__declining_leaves_batch_unchanged",
     ReservedAdapterHost: "intercept_schedule__reserved_adapter_refused",
     # every check that compares captures with transformers + PEFT sees the scaled capture
@@ -1224,7 +1368,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
-                    "intercept_schedule__client_outputs_match_independent_model"),
+                    "intercept_schedule__client_outputs_match_independent_model",
+                    "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact"),
     MistypedHookHost: "protocol__validate_host",
     SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
     LateBeginStepHost: "capture_activation__call_order",
@@ -1275,4 +1420,12 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     RequeuedProfileRecordHost: "run_profile_step__record_delivered_exactly_once",
     RecordBeforeOutputsHost: "report_step_time__record_after_the_step_outputs",
     ProfileRowsAsPrefillsHost: "run_profile_step__finetune_rows_never_dropped",
+    AnnouncesRefusedHost: "intercept_schedule__no_on_arrival_for_refused_requests",
+    FinishOrderGenerateHost: "driver__generate_returns_outputs_in_request_order",
+    LatestTokenTimeAsFirstHost: "intercept_schedule__scheduled_request_token_times",
+    OutputTokensCountPromptHost: "intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",
+    TtftOnlySloHost: "intercept_schedule__scheduled_request_carries_its_slo",
+    SharedIdNamespaceHost: "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
+    TorchDefaultModelDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
+    DeclaresGpuDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
 }

@@ -17,12 +17,13 @@ CACHE = Path(os.environ.get("DELTASERVE_CACHE", Path.home() / ".cache" / "deltas
 
 def _failures(factory: str, targets: tuple[str, ...] = (), **options: str) -> dict[str, str]:
     """Failed checks and their messages. Broad (generated, stateful) checks run only when targeted or when every
-    check is wanted (no targets): they assert every invariant, so they fail most broken hosts by design."""
+    check is wanted (no targets): they assert every invariant, so they fail most broken hosts by design. Checks that
+    spawn a second host (tens of seconds each) likewise run only when targeted or when every check is wanted."""
     env = build_env(factory, cache_dir=CACHE, validate=False, options=options)
     failed: dict[str, str] = {}
     try:
         for c in CHECKS:
-            if c.requires(env.host.capabilities()) or (targets and c.broad and c.name not in targets):
+            if c.requires(env.host.capabilities()) or (targets and (c.broad or c.spawns) and c.name not in targets):
                 continue
             try:
                 run_check(env, c)

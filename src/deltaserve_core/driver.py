@@ -93,7 +93,8 @@ class HostDriver(Protocol):
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
         """Submit ``requests`` (all arrive now) and run the engine until every one has finished.
 
-        Returns one output per request, in request order. Steps run meanwhile go through the hooks exactly as
+        Returns exactly one output per request, in request order, never in the order they finished (callers pair
+        outputs with requests by position). Steps run meanwhile go through the hooks exactly as
         in serving (so fine-tuning rows may join them)."""
         ...
 

@@ -93,7 +93,8 @@ class ScheduleInterceptor(Protocol):
         once per client request. The core uses it to abort a running fine-tuning-only step so the new
         request is not delayed by more than one layer. Must not block. A request the host accepts while a step
         executes must never be lost: it joins a later step like any other (a host that rebuilds its waiting queue
-        from what it scheduled drops it).
+        from what it scheduled drops it). Never called for a request ``submit`` refuses (it raised): that request never
+        entered the host, and the core would abort fine-tuning steps for it and wait on a request never scheduled.
         """
         ...
 

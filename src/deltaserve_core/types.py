@@ -70,6 +70,10 @@ class ScheduledRequest:
     ``context_tokens`` is the KV-cache length the request attends over *before* this step.
     ``first_token_time`` is set once the request has produced its first token; ``last_token_time`` is the
     time of its most recent token (for the TPOT budget); ``output_tokens`` counts tokens generated so far.
+    ``first_token_time`` never changes once set and is never later than ``last_token_time`` (the core measures TTFT
+    from one and TPOT from the other). ``output_tokens`` never counts the prompt (the average-TPOT budget divides by
+    it). ``slo`` must be the client request's own ``ClientRequest.slo``, exactly as submitted (``None`` only when the
+    client gave none): the core budgets each request against it.
     """
 
     request_id: str
@@ -206,7 +210,9 @@ class HostCapabilities:
     - ``mixed_batches``: one step may hold prefill and decode rows (vLLM, SGLang's mixed chunk, the reference
       host); S-LoRA never mixes them, so the core admits fine-tuning only into prefill steps there.
     - ``graph_modes``: execution modes the host can run steps in. ``{EAGER}`` for hosts without CUDA graphs.
-    - ``activation_dtype``: dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of captured layer inputs.
+    - ``activation_dtype``: dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of captured layer inputs. It
+      must be the dtype the engine runs in, never the field's default left as is: the core sizes its activation
+      buffer and the backward pass from it.
     - ``supports_abort``: the host checks :meth:`ActivationSink.should_abort` at layer boundaries of
       fine-tuning-only steps.
     - ``max_finetune_tokens_per_step``: largest number of fine-tuning tokens one step may carry (the host's
@@ -240,7 +246,8 @@ class ModelSpec:
 
     ``path`` is a local transformers checkpoint folder (the backward process loads or maps the base weights
     from it when the host cannot share its own tensors); ``layer_module`` is the dotted attribute path of the
-    decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families).
+    decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families). ``dtype`` must be the
+    dtype the engine serves the model in (the backward process loads the base and replays captures in it).
     """
 
     path: str
