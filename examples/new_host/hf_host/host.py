@@ -150,9 +150,15 @@ class HfHost(InstallsHooks):
         with torch.inference_mode():  # their context, built before the clock starts: only the decode is profiled
             for seq in decodes:
                 self._client_forward(seq)
-        samples = draw.finetune_samples() if RESERVED_ADAPTER_NAME in self._slots else ()
+        if shape.finetune_lengths and RESERVED_ADAPTER_NAME not in self._slots:
+            # Fine-tuning rows run on the reserved adapter: without it the shape is refused, never run short of them
+            # (a record without its rows would price fine-tuning tokens at nothing).
+            raise ValueError("run_profile_step: this shape has fine-tuning rows, which run on the reserved adapter; "
+                             "call set_finetune_adapter() first (deltaserve_core.calibration.install_calibration_adapter)")
+        samples = draw.finetune_samples()
         plan = StepPlan(next(self._step_ids), samples={str(s.sample_id): s for s in samples}, synthetic=True)
-        return self._execute(plan, prefills, decodes)  # synthetic rows live only in this call: none reaches a client
+        # synthetic rows live only in this call: none reaches a client
+        return self._deliver(self._execute(plan, prefills, decodes))
 
     # ------------------------------------------------------------------------------------ HostDriver
 
@@ -225,7 +231,7 @@ class HfHost(InstallsHooks):
         if not prefills and not decodes and not samples:
             return False, []
         self._running.extend(prefills)
-        self._execute(plan, prefills, decodes)
+        record = self._execute(plan, prefills, decodes)
         now = time.monotonic()
         finished: list[ClientOutput] = []
         for seq in list(self._running):
@@ -236,6 +242,7 @@ class HfHost(InstallsHooks):
                 self._running.remove(seq)
                 self.clock.forget(rid)
                 finished.append(out)
+        self._deliver(record)
         return True, finished
 
     def _is_done(self, seq: _Seq) -> bool:
@@ -246,7 +253,7 @@ class HfHost(InstallsHooks):
     # ------------------------------------------------------------------------------------ the forward
 
     def _execute(self, plan: StepPlan, prefills: list[_Seq], decodes: list[_Seq]) -> StepRecord:
-        """Run one planned step (fine-tuning rows first, then each client row) and report its record."""
+        """Run one planned step (fine-tuning rows first, then each client row); returns its record, not yet delivered."""
         plan.prefill_lengths = tuple(len(s.request.prompt_ids) for s in prefills)
         plan.num_decode = len(decodes)
         plan.kv_tokens = sum(s.context for s in decodes)
@@ -267,7 +274,10 @@ class HfHost(InstallsHooks):
                 self._client_forward(seq)
         self._sync()
         plan.duration = time.monotonic() - plan.start
-        record = plan.to_record(aborted=aborted)
+        return plan.to_record(aborted=aborted)
+
+    def _deliver(self, record: StepRecord) -> StepRecord:
+        # After the step's outputs are processed: the core reads request state when a record arrives.
         if self.hooks.step_sink is not None:
             self.hooks.step_sink(record)
         return record
