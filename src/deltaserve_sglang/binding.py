@@ -53,7 +53,6 @@ class StepPlan(hostkit.StepPlan):
     profiled: bool = False
     #: the forward stopped at a layer boundary because the sink asked (fine-tuning-only steps only)
     aborted: bool = False
-    ended: bool = False
 
     @property
     def ft_only(self) -> bool:
@@ -280,7 +279,7 @@ class Binding(hostkit.HookSlots):
             self._rows = None
         plan.duration = time.monotonic() - plan.start
         plan.ran = True
-        if sink is not None and not plan.ended:
+        if sink is not None and not plan.aborted:  # an abort told the sink already
             sink.end_step(plan.step_id, [s.sample_id for s in plan.samples.values()], [])
         return result
 
@@ -296,7 +295,7 @@ class Binding(hostkit.HookSlots):
         sampler and SGLang's result processing have run."""
         plan = self.plan
         assert plan is not None
-        plan.aborted = plan.ended = True
+        plan.aborted = True
         if self.activation_sink is not None:
             self.activation_sink.end_step(plan.step_id, [], [s.sample_id for s in plan.samples.values()])
 
