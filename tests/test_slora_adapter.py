@@ -119,6 +119,10 @@ def test_gqa_expansion_is_exact_through_transformers(tiny_model: Path, tmp_path:
     assert cfg["num_key_value_heads"] < cfg["num_attention_heads"]  # the conformance model is GQA
     mha_dir, mha_cfg = layout.write_mha_checkpoint(tiny_model, tmp_path / "mha")
     assert mha_cfg["num_key_value_heads"] == mha_cfg["num_attention_heads"] and mha_cfg["rope_theta"] == 10000.0
+    # the copy is a whole serving folder: a fine-tuning job on it formats its dataset with the same chat template
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(mha_dir).chat_template == AutoTokenizer.from_pretrained(tiny_model).chat_template
+    assert AutoTokenizer.from_pretrained(mha_dir).chat_template
     ids = torch.tensor([[5, 17, 99, 3, 250, 41]])
     state = LoraAdapterState.load_pretrained(_peft_adapter(tiny_model, tmp_path / "ad"))
     layout.write_slora_adapter(state, cfg, tmp_path / "ad_mha")

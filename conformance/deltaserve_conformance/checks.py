@@ -1558,7 +1558,9 @@ def check_intercept_schedule__batch_lists_every_unfinished_request(env: Conforma
     clock keeps running while that step executes and the core prices admission against it."""
     rec = Recorder()
     env.install(rec)
-    first, second = make_prompts(env, 2, seed=43, max_tokens=10, adapter_every=0)
+    # The first request outlives a deferred prefill: engines defer one behind decodes for a while (S-LoRA: 10 steps),
+    # and a request that has finished by then need not be listed.
+    first, second = make_prompts(env, 2, seed=43, max_tokens=32, adapter_every=0)
     env.host.submit(first)  # type: ignore[attr-defined]
     for _ in range(50):
         env.host.step()  # type: ignore[attr-defined]
@@ -1569,11 +1571,19 @@ def check_intercept_schedule__batch_lists_every_unfinished_request(env: Conforma
     seen = len(rec.batches)
     env.host.submit(second)  # type: ignore[attr-defined]  # arrives while the first decodes (8 tokens to go)
     env.run_stepwise([])
-    prefills = [b for b in rec.batches[seen:]
-                if any(r.request_id == second.request_id and r.prefill_tokens > 0 for r in b.scheduled)]
+    prefills = [i for i in range(seen, len(rec.batches))
+                if any(r.request_id == second.request_id and r.prefill_tokens > 0 for r in rec.batches[i].scheduled)]
     if not prefills:
         raise _fail(env, "intercept_schedule", f"no batch offered to on_schedule scheduled {second.request_id!r}'s prefill")
-    for b in prefills:
+    # first is unfinished at an offer if a later offer still lists it (a decode in scheduled, or deferred in waiting)
+    last_offer = max((i for i, b in enumerate(rec.batches)
+                      if any(r.request_id == first.request_id for r in b.scheduled + b.waiting)), default=-1)
+    overlapping = [rec.batches[i] for i in prefills if i < last_offer]
+    if not overlapping:
+        raise _fail(env, "intercept_schedule", f"{second.request_id!r}'s prefill was offered only after "
+                    f"{first.request_id!r} (32 tokens) had finished: this check needs the prefill while the first "
+                    "request decodes, and a prefill deferred behind 30 decode steps starves arrivals")
+    for b in overlapping:
         listed = {r.request_id for r in b.scheduled} | {r.request_id for r in b.waiting}
         if first.request_id not in listed:
             raise _fail(env, "intercept_schedule", f"step {b.step_id} prefills {second.request_id!r} while "

@@ -176,6 +176,11 @@ def write_slora_adapter(state: LoraAdapterState, config: Mapping[str, object], d
     return directory
 
 
+# transformers 5 keeps the chat template in its own file; without it the copy cannot format a fine-tuning dataset.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                    "chat_template.jinja", "chat_template.json")
+
+
 def write_mha_checkpoint(model_dir: Path, out_dir: Path) -> tuple[Path, dict[str, object]]:
     """Copy a Llama checkpoint for S-LoRA: fp16 safetensors, K/V heads expanded to MHA, ``rope_theta`` explicit.
 
@@ -185,8 +190,10 @@ def write_mha_checkpoint(model_dir: Path, out_dir: Path) -> tuple[Path, dict[str
     cfg = json.loads((model_dir / "config.json").read_text())
     if cfg.get("model_type") != "llama":
         raise ValueError(f"S-LoRA serves Llama checkpoints only; {model_dir} is model_type={cfg.get('model_type')!r}")
+    # "files" is part of the stamp so that a copy made before a file joined _TOKENIZER_FILES is rewritten.
     stamp = {"source": str(model_dir.resolve()),
-             "mtime": max(p.stat().st_mtime for p in model_dir.glob("*.safetensors"))}
+             "mtime": max(p.stat().st_mtime for p in model_dir.glob("*.safetensors")),
+             "files": list(_TOKENIZER_FILES)}
     marker = out_dir / "deltaserve_slora.json"
     if marker.is_file() and json.loads(marker.read_text()) == stamp:
         return out_dir, json.loads((out_dir / "config.json").read_text())
@@ -207,7 +214,7 @@ def write_mha_checkpoint(model_dir: Path, out_dir: Path) -> tuple[Path, dict[str
         raise ValueError("S-LoRA's rotary embedding is plain RoPE; this checkpoint uses rope scaling")
     new_cfg["torch_dtype"] = "float16"
     (out_dir / "config.json").write_text(json.dumps(new_cfg, indent=2))
-    for extra in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+    for extra in _TOKENIZER_FILES:
         if (model_dir / extra).is_file():
             shutil.copy(model_dir / extra, out_dir / extra)
     marker.write_text(json.dumps(stamp))
