@@ -56,6 +56,28 @@ def test_every_recorded_patch_is_applied(host) -> None:
     assert host.installed == [p.target for p in ROUTER_PATCHES]  # the operator path's are checked below
 
 
+def test_client_lora_dir_resolves_published_versions_and_refuses_the_rest(host, tiny_adapter: Path) -> None:
+    """What an operator-path request's ``lora_dir`` may name: a published version by its name, its durable copy in
+    the publish folder or S-LoRA's own folder; never the reserved fine-tuning adapter, an unknown folder or a
+    withdrawn version."""
+    from deltaserve_core.adapter_state import LoraAdapterState
+
+    state = LoraAdapterState.load_pretrained(tiny_adapter, name="served", version=3)
+    host.set_finetune_adapter(LoraAdapterState.load_pretrained(tiny_adapter, name="served", version=0))
+    name = host.publish_adapter(state)
+    own = host.published_dirs[name]
+    resolve = host.client_adapter_dir
+    assert resolve(None) is None
+    assert resolve(name) == resolve(str(host._publish_dir / name)) == resolve(own) == own
+    for refused in (host.channel.reserved_dir, str(host._publish_dir / "served@v99"), "/nowhere/at/all"):
+        with pytest.raises(LookupError):
+            resolve(refused)
+    host.retract_adapter(name)
+    for gone in (name, own):
+        with pytest.raises(LookupError):
+            resolve(gone)
+
+
 def _reqs(tag: str, adapter: str | None, n: int = 4, seed: int = 0):
     from deltaserve_core.driver import ClientRequest
 
@@ -305,10 +327,16 @@ def test_operator_path_outputs_equal_stock_server_and_fine_tuning_progresses(ope
             s["log"].read_text()[-4000:]
         time.sleep(1)
     assert "fine-tuning: step" in s["log"].read_text()
-    published = sorted(p for p in (s["ckpt"] / "published").iterdir() if (p / "adapter_config.json").is_file())
+    # the durable copies the core keeps, as an operator finds them: <checkpoint dir>/published/served@v<step>
+    published = sorted((int(p.name.rpartition("@v")[2]), p) for p in (s["ckpt"] / "published").glob("served@v*")
+                       if (p / "adapter_config.json").is_file() and not (p / ".retired").exists())
     assert published, "no adapter version was published"
-    status, body = _generate(s["ds"], OPERATOR_PROMPTS[0], str(published[-1]))
-    assert status == 200 and body["count_output_tokens"] == OPERATOR_MAX_NEW, body
+    newest = published[-1][1]
+    for lora_dir in (str(newest), newest.name):  # by its folder, by its version name
+        status, body = _generate(s["ds"], OPERATOR_PROMPTS[0], lora_dir)
+        assert status == 200 and body["count_output_tokens"] == OPERATOR_MAX_NEW, (lora_dir, status, body)
+    # an unknown folder is refused at once (S-LoRA's abort answer), and the server goes on serving
+    assert _generate(s["ds"], OPERATOR_PROMPTS[0], str(newest.parent / "no-such-adapter"))[0] == 499
     assert _outputs(s["ds"], requests) == expected  # base and client outputs unchanged by publishing
 
     s["proc"].send_signal(signal.SIGINT)

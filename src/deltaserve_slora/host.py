@@ -149,6 +149,7 @@ class SloraHooks:
         self._adapters: dict[str, str] = {}  # client-visible name -> S-LoRA adapter dir
         #: published version name -> the S-LoRA adapter folder serving it (a client's ``lora_dir``)
         self.published_dirs: dict[str, str] = {}
+        self._retired: set[str] = set()  # S-LoRA folders of withdrawn versions: registered, no longer served
         self.channel = Channel()
         self._capabilities = HostCapabilities(
             engine="slora", engine_version=engine_version(checkout), mixed_batches=False,
@@ -270,8 +271,41 @@ class SloraHooks:
         self._write_rows(directory, state)
         self._adapters[name] = directory
         self.published_dirs[name] = directory
-        log.info("published adapter %s: request it with \"lora_dir\": %r", name, directory)
+        log.info("published adapter %s: request it with \"lora_dir\": %r (or %r)", name, directory, name)
         return name
+
+    def retract_adapter(self, name: str) -> None:
+        """Withdraw a published version: new requests for it are refused. S-LoRA keeps the adapter registered
+        (queued requests may still run on it; it read the folder at registration), and its folder is marked
+        retired, so the core deletes it with the version's durable copy."""
+        directory = self.published_dirs.pop(name, None)
+        if directory is None:
+            raise KeyError(f"adapter {name!r} is not published on this host")
+        from deltaserve_core.coserve import RETIRED_MARK
+
+        self._retired.add(directory)
+        (Path(directory) / RETIRED_MARK).touch()
+
+    def client_adapter_dir(self, requested: str | None) -> str | None:
+        """The S-LoRA folder that serves a client's ``lora_dir``: a folder S-LoRA knows, or a published version by
+        its name (``served@v7``) or its durable copy (``<checkpoint dir>/published/served@v7``); None (base) stays
+        None. Raises ``LookupError`` for anything else: an unknown folder, a withdrawn version, the reserved
+        fine-tuning adapter."""
+        if requested is None:
+            return None
+        reserved = {d for k, d in self._adapters.items() if k.startswith(f"{RESERVED_ADAPTER_NAME}/")}
+        if requested in reserved or requested in self._retired:
+            raise LookupError(f"lora_dir {requested!r} is not served (the fine-tuning adapter or a withdrawn "
+                              f"version); published now: {sorted(self.published_dirs)}")
+        if requested in self.router.lora_ranks:
+            return requested
+        path = Path(requested)
+        name = requested if requested in self.published_dirs else path.name
+        if name in self.published_dirs and (name == requested or path.parent.resolve() == self._publish_dir.resolve()):
+            return self.published_dirs[name]
+        raise LookupError(f"lora_dir {requested!r} is neither a folder this S-LoRA serves nor a published version; "
+                          f"request one of {sorted(self.published_dirs)} (by name or its folder under "
+                          f"{self._publish_dir}) or an adapter given to --lora-dirs")
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         raise RuntimeError("calibration cannot run inside S-LoRA's own server (its router loop owns the steps); run "

@@ -244,7 +244,7 @@ class RouterRuntime(EngineRuntime):
         self.hooks = hooks
         # S-LoRA's API server has no metrics endpoint
         self.start(hooks, latency_model=profile.model, metrics=False)
-        self.applied += hooks.installed + install_arrivals(router, hooks.channel) + install_idle_loop(
+        self.applied += hooks.installed + install_arrivals(router, hooks.channel, hooks.client_adapter_dir) + install_idle_loop(
             router, hooks.channel, self.wants_idle_step, lambda: self.stopping, self.request_stop)
         missing = [p.target for p in PATCHES if p.target not in self.applied]
         if missing:

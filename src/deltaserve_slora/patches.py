@@ -120,7 +120,10 @@ PATCHES: tuple[PatchRecord, ...] = (
     Patch("slora.server.router.manager.RouterManager.add_req", "instance",
           "operator path: requests from S-LoRA's HTTP server enter here (loop_for_netio_req); their arrival time is "
           "recorded for the schedule views' TTFT/TPOT and the core is told (on_arrival), as SloraHost.submit does "
-          "for the driver's requests (both through note_arrival)",
+          "for the driver's requests (both through note_arrival). Its lora_dir is translated to the S-LoRA folder "
+          "serving it (a published version may be named by its version name or its durable copy), and a folder "
+          "S-LoRA does not know, or the reserved fine-tuning adapter's, is refused at once (HTTP 499): stock "
+          "S-LoRA queues it and its scheduler raises KeyError on it in every later step",
           "add_req(adapter_dir, prompt_ids, sampling_params, request_id) renamed, or requests entering the queue "
           "another way", applies="operator"),
     Patch("slora.server.router.model_infer.infer_adapter.InferAdapter.offload_adapters", "instance",
@@ -588,12 +591,23 @@ def note_arrival(ch: Channel, request_id: str, now: float, slo: RequestSLO | Non
         ch.interceptor.on_arrival(request_id, now)
 
 
-def install_arrivals(router: Any, ch: Channel) -> list[str]:
-    """Router process: every request S-LoRA's HTTP server sends is noted (:func:`note_arrival`) as it is queued."""
+def install_arrivals(router: Any, ch: Channel, resolve: Callable[[str | None], str | None]) -> list[str]:
+    """Router process: every request S-LoRA's HTTP server sends is noted (:func:`note_arrival`) as it is queued,
+    with its ``lora_dir`` translated by ``resolve`` to the S-LoRA folder serving it. A folder ``resolve`` refuses
+    (``LookupError``) is answered at once as S-LoRA answers an aborted request (HTTP 499): queued, stock S-LoRA's
+    scheduler raises ``KeyError`` on it in every later step, and the reserved fine-tuning adapter is never served."""
+    from slora.server.io_struct import BatchAbortReq
+
     def wrap(orig: Callable[..., Any]) -> Callable[..., Any]:
         def add_req(adapter_dir: Any, prompt_ids: Any, sampling_params: Any, request_id: str) -> Any:
+            try:
+                served = resolve(adapter_dir)
+            except LookupError as exc:
+                _log.error("request %s refused: %s", request_id, exc)
+                router.send_to_detokenization.send_pyobj(BatchAbortReq([request_id]))
+                return None
             note_arrival(ch, request_id, time.monotonic())
-            return orig(adapter_dir, prompt_ids, sampling_params, request_id)
+            return orig(served, prompt_ids, sampling_params, request_id)
         return add_req
 
     names: list[str] = []
