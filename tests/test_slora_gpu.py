@@ -327,16 +327,25 @@ def test_operator_path_outputs_equal_stock_server_and_fine_tuning_progresses(ope
             s["log"].read_text()[-4000:]
         time.sleep(1)
     assert "fine-tuning: step" in s["log"].read_text()
-    # the durable copies the core keeps, as an operator finds them: <checkpoint dir>/published/served@v<step>
-    published = sorted((int(p.name.rpartition("@v")[2]), p) for p in (s["ckpt"] / "published").glob("served@v*")
-                       if (p / "adapter_config.json").is_file() and not (p / ".retired").exists())
-    assert published, "no adapter version was published"
-    newest = published[-1][1]
-    for lora_dir in (str(newest), newest.name):  # by its folder, by its version name
-        status, body = _generate(s["ds"], OPERATOR_PROMPTS[0], lora_dir)
-        assert status == 200 and body["count_output_tokens"] == OPERATOR_MAX_NEW, (lora_dir, status, body)
+    def newest() -> Path:
+        """The newest durable copy, as an operator finds them: <checkpoint dir>/published/served@v<step>."""
+        published = sorted((int(p.name.rpartition("@v")[2]), p) for p in (s["ckpt"] / "published").glob("served@v*")
+                           if (p / "adapter_config.json").is_file() and not (p / ".retired").exists())
+        assert published, "no adapter version was published"
+        return published[-1][1]
+
+    for by_name in (False, True):  # by its folder, by its version name
+        for _ in range(10):  # the job publishes every optimizer step and keeps 2: a version may retire meanwhile
+            version = newest()
+            status, body = _generate(s["ds"], OPERATOR_PROMPTS[0], version.name if by_name else str(version))
+            if status == 200:
+                assert body["count_output_tokens"] == OPERATOR_MAX_NEW, body
+                break
+            assert status == 499 and (version / ".retired").exists() or not version.exists(), (version, status)
+        else:
+            raise AssertionError("the newest published version was never served")
     # an unknown folder is refused at once (S-LoRA's abort answer), and the server goes on serving
-    assert _generate(s["ds"], OPERATOR_PROMPTS[0], str(newest.parent / "no-such-adapter"))[0] == 499
+    assert _generate(s["ds"], OPERATOR_PROMPTS[0], str(s["ckpt"] / "published" / "no-such-adapter"))[0] == 499
     assert _outputs(s["ds"], requests) == expected  # base and client outputs unchanged by publishing
 
     s["proc"].send_signal(signal.SIGINT)

@@ -39,6 +39,7 @@ def main() -> None:
     import torch
     import transformers
 
+    from deltaserve_core.bench import source_commit
     from deltaserve_slora.locate import inspect_checkout
 
     checkout = inspect_checkout(Path(a.slora))
@@ -52,6 +53,7 @@ def main() -> None:
     result = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "commit": source_commit(),  # DeltaServe's (DELTASERVE_COMMIT on the GPU machine, which has no .git)
         "slora_commit": os.environ.get("SLORA_COMMIT") or checkout.commit,
         "slora_attach_files_match_tested": checkout.tested,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
