@@ -67,7 +67,8 @@ class RuleViolation(AssertionError):
 _RULE_HOMES = {"intercept_schedule": ("HostHooks.intercept_schedule", "ScheduleInterceptor", "#:RESERVED"),
                "capture_activation": ("HostHooks.capture_activation", "ActivationSink"),
                "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",),
-               "driver": ("HostDriver", "check_client_adapter")}
+               "driver": ("HostDriver", "check_client_adapter", "ClientRequest"), "model_spec": ("HostHooks.model_spec", "ModelSpec"),
+               "capabilities": ("HostHooks.capabilities", "HostCapabilities")}
 
 
 def _fail(env: ConformanceEnv, hook: str, message: str) -> AssertionError:
@@ -1975,5 +1976,6 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
         raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))
 
 
-# The generated and stateful checks register themselves into CHECKS (after every fixed check: they run last).
+# More fixed checks (declared facts, step bookkeeping), then the generated and stateful ones, which run last.
+from . import checks_bookkeeping as _bookkeeping  # noqa: E402,F401
 from . import scenarios as _scenarios  # noqa: E402,F401

@@ -185,6 +185,7 @@ RULES: tuple[Rule, ...] = (
          core_obligation=_CORE + " (checks call it between steps only)"),
     Rule("HostHooks.set_finetune_adapter", "must use exactly these weights",
          ("set_finetune_adapter__later_rows_use_the_new_weights", "intercept_schedule__inputs_not_mutated",
+          "set_finetune_adapter__lora_dropout_never_reaches_the_forward",
           "stateful__interleaved_operations_keep_every_invariant")),
     Rule("HostHooks.publish_adapter", "must never serve KV computed with older weights",
          ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
@@ -221,6 +222,17 @@ RULES: tuple[Rule, ...] = (
          ("capabilities__dtypes_follow_the_engine_dtype",)),
     Rule("HostCapabilities", "never reused under another",
          core_obligation="the calibration store's obligation (tests/test_calibration.py)"),
+    Rule("ProposedBatch", "never in both", ("intercept_schedule__scheduled_and_waiting_are_disjoint",)),
+    Rule("StepRecord", "A ``step_id`` is never reused", ("report_step_time__step_ids_never_repeat",)),
+    Rule("ScheduledRequest", "A token's time is never before the forward",
+         ("intercept_schedule__token_times_not_before_their_step",)),
+    Rule("HostCapabilities", "It must be the host's whole per-step token budget",
+         ("capabilities__finetune_budget_is_the_step_budget",)),
+    Rule("ModelSpec", "``path`` must be a local transformers checkpoint folder",
+         ("model_spec__matches_the_checkpoint",)),
+    Rule("ClientRequest", "it must stop at the first EOS it generates",
+         ("driver__ignore_eos_false_stops_at_the_first_eos",)),
+    Rule("HostDriver.run_idle_step", "True exactly when one ran", ("driver__run_idle_step_answers_whether_a_step_ran",)),
 )
 
 

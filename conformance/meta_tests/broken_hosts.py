@@ -1337,6 +1337,141 @@ class DeclaresGpuDtypeHost(ReferenceHost):
         self._capabilities = dataclasses.replace(self._capabilities, activation_dtype="bfloat16")
 
 
+# --- declared facts and step bookkeeping (checks_bookkeeping.py) ------------------------------------------------
+
+
+class RunningListWaitingHost(_WrapsInterceptor):
+    """Builds ProposedBatch.waiting from the engine's running list, so the decodes running in the step are listed
+    in waiting as well as in scheduled."""
+
+    name = "broken-running-list-waiting"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        class BothHalves(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                decodes = tuple(r for r in batch.scheduled if r.prefill_tokens == 0)
+                return self.inner.on_schedule(dataclasses.replace(batch, waiting=batch.waiting + decodes))
+
+        return BothHalves(interceptor)
+
+
+class CalibrationCountsFromZeroHost(ReferenceHost):
+    """Numbers profile steps with the calibration loop's own counter (0, 1, ...), apart from the served steps."""
+
+    name = "broken-calibration-counter"
+
+    def run_profile_step(self, shape):  # noqa: ANN001, ANN201
+        import itertools
+
+        if not hasattr(self, "_calibration_ids"):
+            self._calibration_ids = itertools.count()
+        served, self._step_ids = self._step_ids, self._calibration_ids
+        try:
+            return super().run_profile_step(shape)
+        finally:
+            self._step_ids = served
+
+
+class IdleStepAlwaysRanHost(ReferenceHost):
+    """run_idle_step() reports True whenever it offered the empty step, also when the core added nothing."""
+
+    name = "broken-idle-step-answer"
+
+    def run_idle_step(self) -> bool:
+        if self.has_unfinished():
+            return False
+        super().run_idle_step()
+        return True
+
+
+class PaddedVocabSpecHost(ReferenceHost):
+    """model_spec() reports the engine's padded vocabulary (rounded up to a multiple of 64)."""
+
+    name = "broken-padded-vocab"
+
+    def model_spec(self):  # noqa: ANN201
+        spec = super().model_spec()
+        return dataclasses.replace(spec, vocab_size=-(-spec.vocab_size // 64) * 64)
+
+
+class ServedNameSpecPathHost(ReferenceHost):
+    """model_spec().path is the served model name (the folder's basename), not the folder."""
+
+    name = "broken-spec-path"
+
+    def model_spec(self):  # noqa: ANN201
+        from pathlib import Path
+
+        spec = super().model_spec()
+        return dataclasses.replace(spec, path=Path(spec.path).name)
+
+
+class DecodeReserveBudgetHost(ReferenceHost):
+    """Declares max_finetune_tokens_per_step as the budget minus one token per running-request slot."""
+
+    name = "broken-finetune-budget"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(config)
+        self._capabilities = dataclasses.replace(
+            self._capabilities, max_finetune_tokens_per_step=config.max_batch_tokens - config.max_running_requests)
+
+
+class OfferTimeTokensHost(ReferenceHost):
+    """Stamps a step's new tokens with the time the step was offered to on_schedule, before its forward ran."""
+
+    name = "broken-offer-time-tokens"
+
+    def _schedule(self):  # noqa: ANN202
+        self._offered_at = time.monotonic()
+        return super()._schedule()
+
+    def _sample(self, rows, hidden) -> None:  # noqa: ANN001
+        super()._sample(rows, hidden)
+        for r in rows:
+            if r.sample is None and r.seq is not None and r.seq.token_times and hasattr(self, "_offered_at"):
+                r.seq.token_times[-1] = self._offered_at
+
+
+class EosOnlyForBaseHost(ReferenceHost):
+    """Never stops at EOS: the engine's stop check is handed max_tokens only (the client's ignore_eos=False lost)."""
+
+    name = "broken-eos-stop"
+
+    def _is_done(self, s) -> bool:  # noqa: ANN001
+        if len(s.output) >= s.request.max_tokens:
+            return True
+        return False
+
+
+class TrainModeDropoutHost(ReferenceHost):
+    """Applies the reserved adapter's lora_dropout in the forward (a LoRA layer left in train mode)."""
+
+    name = "broken-dropout-forward"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        super().set_finetune_adapter(state)
+        self._dropout = float(state.config.lora_dropout)
+
+    def _linear(self, x, module, layer, name, groups):  # noqa: ANN001, ANN202
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        p = getattr(self, "_dropout", 0.0)
+        if p and RESERVED_ADAPTER_NAME in groups:
+            out = module(x)
+            for adapter, index in groups.items():
+                pair = self._adapters[adapter].pairs.get((layer, name))
+                if pair is None:
+                    continue
+                a, b = pair
+                rows = x.index_select(0, index)
+                if adapter == RESERVED_ADAPTER_NAME:
+                    rows = torch.nn.functional.dropout(rows, p=p, training=True)
+                out.index_add_(0, index, (rows @ a.T @ b.T) * self._adapters[adapter].scaling)
+            return out
+        return super()._linear(x, module, layer, name, groups)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1357,7 +1492,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "intercept_schedule__finetune_rows_read_no_prefix_cache",
                        "set_finetune_adapter__later_rows_use_the_new_weights",
                        "set_finetune_adapter__every_target_module_applies_or_is_refused",
-                       "set_finetune_adapter__keeps_its_own_copy"),
+                       "set_finetune_adapter__keeps_its_own_copy",
+                       "set_finetune_adapter__lora_dropout_never_reaches_the_forward"),
     CapturesInferenceRowsHost: "capture_activation__only_finetune_rows_in_layer_order",
     # never polling is both: the step is not stopped, and nothing stops its compute
     IgnoresAbortHost: ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute"),
@@ -1423,11 +1559,22 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AnnouncesRefusedHost: "intercept_schedule__no_on_arrival_for_refused_requests",
     FinishOrderGenerateHost: "driver__generate_returns_outputs_in_request_order",
     LatestTokenTimeAsFirstHost: "intercept_schedule__scheduled_request_token_times",
-    # the record-order check finds each step's token by its output count: with the prompt counted, none matches
+    # the record-order and token-time checks find each step's token by its output count: with the prompt
+    # counted, they pair tokens with the wrong steps
     OutputTokensCountPromptHost: ("intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",
-                                  "report_step_time__record_after_the_step_outputs"),
+                                  "report_step_time__record_after_the_step_outputs",
+                                  "intercept_schedule__token_times_not_before_their_step"),
     TtftOnlySloHost: "intercept_schedule__scheduled_request_carries_its_slo",
     SharedIdNamespaceHost: "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
     TorchDefaultModelDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
     DeclaresGpuDtypeHost: "capabilities__dtypes_follow_the_engine_dtype",
+    RunningListWaitingHost: "intercept_schedule__scheduled_and_waiting_are_disjoint",
+    CalibrationCountsFromZeroHost: "report_step_time__step_ids_never_repeat",
+    IdleStepAlwaysRanHost: "driver__run_idle_step_answers_whether_a_step_ran",
+    PaddedVocabSpecHost: "model_spec__matches_the_checkpoint",
+    ServedNameSpecPathHost: "model_spec__matches_the_checkpoint",
+    DecodeReserveBudgetHost: "capabilities__finetune_budget_is_the_step_budget",
+    OfferTimeTokensHost: "intercept_schedule__token_times_not_before_their_step",
+    EosOnlyForBaseHost: "driver__ignore_eos_false_stops_at_the_first_eos",
+    TrainModeDropoutHost: "set_finetune_adapter__lora_dropout_never_reaches_the_forward",
 }

@@ -20,7 +20,10 @@ __all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "InFligh
 
 @dataclass(frozen=True, slots=True)
 class ClientRequest:
-    """A greedy generation request: ``max_tokens`` new tokens after ``prompt_ids`` (stops early at EOS)."""
+    """A greedy generation request: ``max_tokens`` new tokens after ``prompt_ids``.
+
+    With ``ignore_eos=False`` it must stop at the first EOS it generates, EOS included as its last token; with
+    ``ignore_eos=True`` (the default) it runs on to ``max_tokens``."""
 
     request_id: str
     prompt_ids: tuple[int, ...]
@@ -112,7 +115,8 @@ class HostDriver(Protocol):
 
     def run_idle_step(self) -> bool:
         """Offer the interceptor a step with no client work (the fine-tuning-only step). Returns whether a
-        step executed."""
+        step executed: True exactly when one ran (its StepRecord reaches the step sink), False when the interceptor
+        added nothing."""
         ...
 
     def has_unfinished(self) -> bool:

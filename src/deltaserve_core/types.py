@@ -71,7 +71,8 @@ class ScheduledRequest:
     ``first_token_time`` is set once the request has produced its first token; ``last_token_time`` is the
     time of its most recent token (for the TPOT budget); ``output_tokens`` counts tokens generated so far.
     ``first_token_time`` never changes once set and is never later than ``last_token_time`` (the core measures TTFT
-    from one and TPOT from the other). ``output_tokens`` never counts the prompt (the average-TPOT budget divides by
+    from one and TPOT from the other). A token's time is never before the forward of the step that produced it
+    began (that step's ``StepRecord.start_time``). ``output_tokens`` never counts the prompt (the average-TPOT budget divides by
     it). ``slo`` must be the client request's own ``ClientRequest.slo``, exactly as submitted (``None`` only when the
     client gave none): the core budgets each request against it.
     """
@@ -98,6 +99,7 @@ class ProposedBatch:
     not in this step (queued prefills, or on hosts without mixed batches the decodes this prefill step
     defers); they matter because their TTFT/TPOT clocks keep running while this step executes. Every request that
     arrived and has not finished must be in ``scheduled`` or ``waiting`` (the core prices admission against all of them).
+    A request is in at most one of the two, never in both: a decode running in this step is ``scheduled`` only.
     ``mode`` is the execution mode the host would use for the batch *as proposed* (no fine-tuning rows).
     """
 
@@ -179,7 +181,8 @@ class StepRecord:
     after the device finished, not when the launch returned); it starts with the forward, never before the step's
     batch was decided (scheduling and ``on_schedule`` are not model time). ``finetune_sample_ids`` lists fine-tuning
     rows that completed the whole forward; ``aborted_sample_ids`` those stopped by an abort (their
-    captures are void and they go back to the pool). ``synthetic`` marks calibration steps.
+    captures are void and they go back to the pool). ``synthetic`` marks calibration steps. A ``step_id`` is never
+    reused: calibration and served steps draw from one increasing sequence for the host's lifetime.
     """
 
     step_id: int
@@ -216,7 +219,9 @@ class HostCapabilities:
     - ``supports_abort``: the host checks :meth:`ActivationSink.should_abort` at layer boundaries of
       fine-tuning-only steps.
     - ``max_finetune_tokens_per_step``: largest number of fine-tuning tokens one step may carry (the host's
-      token budget minus nothing else); the core never injects more.
+      token budget minus nothing else); the core never injects more. It must be the host's whole per-step token
+      budget (``HostConfig.max_batch_tokens`` for a host started from one): the core subtracts each step's client
+      rows itself.
     - ``timing_variant``: any engine setting beyond version, model, device and dtype that changes how long a step
       takes (vLLM: ``"async"`` under async scheduling); calibration profiles are stored per variant, so a profile
       measured under one setting is never reused under another. Empty for hosts with one way of running.
@@ -244,8 +249,9 @@ class HostCapabilities:
 class ModelSpec:
     """The served base model as the backward process needs to know it.
 
-    ``path`` is a local transformers checkpoint folder (the backward process loads or maps the base weights
-    from it when the host cannot share its own tensors); ``layer_module`` is the dotted attribute path of the
+    ``path`` must be a local transformers checkpoint folder holding its ``config.json`` (the backward process loads
+    or maps the base weights from it when the host cannot share its own tensors), and ``num_layers``,
+    ``hidden_size`` and ``vocab_size`` must be that config's own values, never an engine's padded sizes; ``layer_module`` is the dotted attribute path of the
     decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families). ``dtype`` must be the
     dtype the engine serves the model in (the backward process loads the base and replays captures in it).
     """

@@ -1,0 +1,251 @@
+"""Checks of declared facts and step bookkeeping: what a host says about its model and budget against the checkpoint
+and its config, step ids over a host's lifetime, the two halves of a ProposedBatch, token times against the steps
+that produced them, ``run_idle_step``'s answer, EOS handling and the forward's determinism under LoRA dropout.
+
+Each was missing until a blind batch of broken hosts (2026-12-03) went through the suite unseen; they register into
+:data:`.checks.CHECKS` like the fixed checks there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.driver import ClientRequest
+from deltaserve_core.types import ProfileShape
+
+from .checks import _capture_problems, _fail, _inject_into_first_prefill, check
+from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
+
+__all__: list[str] = []
+
+
+def _staggered_run(env: ConformanceEnv, rec: Recorder, seed: int, *, max_tokens: int = 6) -> list[ClientRequest]:
+    """Two requests, then two more arriving while the first decode: batches with prefills, decodes and (on hosts
+    that defer) waiting requests."""
+    first = make_prompts(env, 2, seed=seed, max_tokens=max_tokens)
+    later = make_prompts(env, 2, seed=seed + 1, max_tokens=max_tokens, prefix="later")
+    env.install(rec)
+    for r in first:
+        env.host.submit(r)  # type: ignore[attr-defined]
+    for _ in range(2):
+        env.host.step()  # type: ignore[attr-defined]
+    env.run_stepwise(later)
+    return first + later
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__scheduled_and_waiting_are_disjoint(env: ConformanceEnv) -> None:
+    """A request is in at most one half of an offered batch: a decode that runs in this step is in ``scheduled``,
+    never also in ``waiting`` (the core prices a waiting request's TPOT clock against the step; listed twice, it
+    counts a running decode as one kept waiting)."""
+    rec = Recorder()
+    _staggered_run(env, rec, seed=47)
+    for b in rec.batches:
+        both = sorted({r.request_id for r in b.scheduled} & {r.request_id for r in b.waiting})
+        if both:
+            raise _fail(env, "intercept_schedule", f"step {b.step_id} lists {both} both in scheduled and in waiting "
+                        f"(scheduled: {sorted(r.request_id for r in b.scheduled)}, waiting: "
+                        f"{sorted(r.request_id for r in b.waiting)}); expected each request in one of them")
+
+
+@check("report_step_time")
+def check_report_step_time__step_ids_never_repeat(env: ConformanceEnv) -> None:
+    """Step ids come from one increasing sequence for the host's lifetime: calibration (profile) steps and served
+    steps never share one, and a step offered after another has a larger id. A profile path counting its own steps
+    from 0 hands served steps ids the calibration already used, and the core then pairs records, captures and
+    admissions of different steps."""
+    rec = Recorder()
+    env.install(rec)
+    env.run(make_prompts(env, 1, seed=48, max_tokens=3))
+    served_before = max((b.step_id for b in rec.batches), default=-1)
+    returned = [env.host.run_profile_step(shape)  # type: ignore[attr-defined]
+                for shape in (ProfileShape(prefill_lengths=(9,)), ProfileShape(num_decode=2, decode_context=8))]
+    offered = len(rec.batches)
+    env.run(make_prompts(env, 1, seed=49, max_tokens=3))
+    served_after = min((b.step_id for b in rec.batches[offered:]), default=None)
+    order = [served_before] + [r.step_id for r in returned] + ([served_after] if served_after is not None else [])
+    if any(b <= a for a, b in zip(order, order[1:])):
+        raise _fail(env, "report_step_time", f"step ids went {order} (the last served step before calibration, "
+                    f"{len(returned)} profile steps, the first served step after): expected one increasing sequence, "
+                    "calibration steps included")
+    # Two different steps under one id; the same record delivered twice is one_record_per_step's to judge.
+    seen: dict[int, object] = {}
+    for r in rec.records:
+        if r.step_id in seen and seen[r.step_id] != r:
+            raise _fail(env, "report_step_time", f"step id {r.step_id} names two different steps: {seen[r.step_id]} "
+                        f"and {r}; expected every step to carry an id no other step had")
+        seen.setdefault(r.step_id, r)
+
+
+@check("driver")
+def check_driver__run_idle_step_answers_whether_a_step_ran(env: ConformanceEnv) -> None:
+    """``run_idle_step()`` returns True exactly when a step executed (its record reaches the step sink): False when
+    the interceptor added nothing to the empty step, True when it added rows and they ran. The core's idle loop
+    reads the answer to decide whether the engine has time left; True for nothing makes it spin."""
+    rec = Recorder(inject=lambda batch: ())
+    env.install(rec)
+    before = len(rec.records)
+    declined = env.host.run_idle_step()  # type: ignore[attr-defined]
+    if declined or len(rec.records) != before:
+        raise _fail(env, "driver", f"run_idle_step() with an interceptor that added nothing returned {declined!r} "
+                    f"and {len(rec.records) - before} record(s) arrived; expected False and no record (no step ran)")
+    samples = make_samples(env, 1, first_id=4700, lengths=[8], seed=147)
+    rec.inject = lambda batch: samples if batch.is_empty else ()
+    ran = env.host.run_idle_step()  # type: ignore[attr-defined]
+    carried = [r for r in rec.records[before:] if set(r.finetune_sample_ids) | set(r.aborted_sample_ids)]
+    if not ran or not carried:
+        raise _fail(env, "driver", f"run_idle_step() with a fine-tuning row injected returned {ran!r}, records with "
+                    f"the row: {len(carried)}; expected True and the step's record")
+
+
+def _checkpoint_config(path: Path) -> dict | None:
+    cfg = path / "config.json"
+    return json.loads(cfg.read_text()) if cfg.is_file() else None
+
+
+@check("model_spec")
+def check_model_spec__matches_the_checkpoint(env: ConformanceEnv) -> None:
+    """``model_spec()`` describes the checkpoint the host serves, as its ``config.json`` says: ``path`` a local
+    folder holding it (the backward process loads the base from there), ``num_layers``, ``hidden_size`` and
+    ``vocab_size`` that config's own values (an engine's padded vocabulary, e.g. rounded up to a multiple of 64, is
+    the engine's layout, not the model's: the backward's output head has the checkpoint's size)."""
+    spec = env.host.model_spec()  # type: ignore[attr-defined]
+    folder = Path(spec.path)
+    if not folder.is_dir():
+        raise _fail(env, "model_spec", f"ModelSpec.path={spec.path!r} is not a local folder (the host was started "
+                    f"from {str(env.model_dir)!r}); expected the checkpoint folder the backward process loads")
+    cfg = _checkpoint_config(folder)
+    if cfg is None:
+        raise _fail(env, "model_spec", f"ModelSpec.path={spec.path!r} holds no config.json; expected a transformers "
+                    "checkpoint folder")
+    truth = _checkpoint_config(env.model_dir) or cfg
+    wrong = {name: (got, truth.get(key)) for name, key, got in (
+        ("num_layers", "num_hidden_layers", spec.num_layers), ("hidden_size", "hidden_size", spec.hidden_size),
+        ("vocab_size", "vocab_size", spec.vocab_size)) if truth.get(key) is not None and got != truth.get(key)}
+    if wrong:
+        raise _fail(env, "model_spec", "ModelSpec differs from the checkpoint's config.json: " + ", ".join(
+            f"{k} {g} (config.json: {t})" for k, (g, t) in wrong.items()) + "; expected the checkpoint's own values")
+
+
+@check("capabilities")
+def check_capabilities__finetune_budget_is_the_step_budget(env: ConformanceEnv) -> None:
+    """``max_finetune_tokens_per_step`` is the host's per-step token budget, minus nothing else: for a host
+    started from a HostConfig, its ``max_batch_tokens``. The core already subtracts the client rows of each step;
+    a host that also reserves room (e.g. one token per running request) shrinks every fine-tuning-only step."""
+    if env.config is None:
+        return  # a host not started from a HostConfig: no budget to compare with (the suite always has one)
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    if caps.max_finetune_tokens_per_step != env.config.max_batch_tokens:
+        raise _fail(env, "capabilities", f"max_finetune_tokens_per_step={caps.max_finetune_tokens_per_step}, but the "
+                    f"host was started with max_batch_tokens={env.config.max_batch_tokens}; expected the step's whole "
+                    "budget (the core leaves room for the client rows itself)")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__token_times_not_before_their_step(env: ConformanceEnv) -> None:
+    """A request's token times (ScheduledRequest.first_token_time / last_token_time) are when the token existed:
+    never before the forward of the step that produced it began (its StepRecord.start_time). A time stamped when the
+    step was scheduled makes the core's TPOT clock run short by a whole step."""
+    rec = Recorder()
+    requests = _staggered_run(env, rec, seed=49)
+    prompt_len = {r.request_id: len(r.prompt_ids) for r in requests}
+    starts = {r.step_id: r.start_time for r in rec.real_records()}
+    producing: dict[str, list[int]] = {}
+    first_offer = list({b.step_id: b for b in reversed(rec.batches)}.values())[::-1]
+    times: dict[tuple[str, int], float] = {}
+    for b in first_offer:
+        for r in b.waiting + b.scheduled:
+            if r.last_token_time is not None and r.output_tokens > 0:
+                times.setdefault((r.request_id, r.output_tokens), r.last_token_time)
+            if r.first_token_time is not None:
+                times.setdefault((r.request_id, 1), r.first_token_time)
+        for r in b.scheduled:
+            if r.request_id in prompt_len and (r.prefill_tokens == 0
+                                               or r.prefill_tokens + r.context_tokens >= prompt_len[r.request_id]):
+                producing.setdefault(r.request_id, []).append(b.step_id)
+    compared = 0
+    for (rid, k), t in sorted(times.items()):
+        steps = producing.get(rid, [])
+        if k > len(steps) or steps[k - 1] not in starts:
+            continue
+        step = steps[k - 1]
+        compared += 1
+        if t < starts[step] - 1e-6:  # time.monotonic() is one clock for every process of a machine
+            raise _fail(env, "intercept_schedule", f"token {k} of {rid!r} is timed {(starts[step] - t) * 1e3:.3f} ms "
+                        f"before step {step}, which produced it, began (start_time {starts[step]:.6f}, token time "
+                        f"{t:.6f}); expected the time the token existed")
+    if not compared:
+        raise _fail(env, "intercept_schedule", "no token time could be paired with the step that produced it (no "
+                    "ScheduledRequest carried token times, or no record arrived for the producing steps)")
+
+
+def _eos_id(env: ConformanceEnv) -> int | None:
+    for name in ("generation_config.json", "config.json"):
+        cfg = _checkpoint_config(env.model_dir) if name == "config.json" else (
+            json.loads((env.model_dir / name).read_text()) if (env.model_dir / name).is_file() else None)
+        eos = (cfg or {}).get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if isinstance(eos, int):
+            return eos
+    return None
+
+
+@check("driver")
+def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -> None:
+    """A request with ``ignore_eos=False`` stops at the first EOS it generates, EOS included as its last token; the
+    same prompt with ``ignore_eos=True`` runs on to ``max_tokens``. The prompt is found by running candidates with
+    ``ignore_eos=True`` and taking one whose greedy continuation holds EOS early."""
+    eos = _eos_id(env)
+    if eos is None:
+        raise _fail(env, "driver", f"the checkpoint {env.model_dir} names no eos_token_id")
+    found: tuple[ClientRequest, tuple[int, ...], int] | None = None
+    for salt in range(4):
+        probes = make_prompts(env, 16, seed=50, max_tokens=24, adapter_every=0, prefix="eos-probe", token_salt=salt)
+        for r, out in zip(probes, env.run(probes)):
+            if eos in out.token_ids[:-1]:
+                found = (r, out.token_ids, out.token_ids.index(eos))
+                break
+        if found:
+            break
+    if found is None:
+        raise _fail(env, "driver", f"none of 64 greedy continuations (24 tokens, ignore_eos=True) held EOS "
+                    f"{eos}; a host that never samples EOS under greedy decoding differs from the model")
+    probe, tokens, at = found
+    again = ClientRequest("eos-stop", probe.prompt_ids, probe.max_tokens, ignore_eos=False)
+    got = env.run([again])[0].token_ids
+    if got != tokens[:at + 1]:
+        raise _fail(env, "driver", f"with ignore_eos=False the request got {len(got)} tokens {list(got)[:at + 4]}; "
+                    f"its greedy continuation has EOS {eos} at position {at}, so expected the {at + 1} tokens "
+                    f"{list(tokens[:at + 1])} (stop at the first EOS, EOS included)")
+
+
+@check("set_finetune_adapter")
+def check_set_finetune_adapter__lora_dropout_never_reaches_the_forward(env: ConformanceEnv) -> None:
+    """An adapter whose config has ``lora_dropout`` > 0 (as a training job's usually does) still runs exactly its
+    weights: the serving and capturing forward is deterministic, dropout belongs to training. Captures of the same
+    sample in two steps are equal and equal the reference forward."""
+    original = env.finetune_state
+    state = LoraAdapterState(original.name, original.version + 7,
+                             dataclasses.replace(original.config, lora_dropout=0.5), dict(original.tensors),
+                             original.base_model_path)
+    env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    try:
+        for round_ in range(2):
+            samples = make_samples(env, 2, lengths=[10, 17], seed=151, first_id=4800 + 10 * round_)
+            rec = Recorder(inject=_inject_into_first_prefill(samples))
+            try:
+                env.install(rec)
+                env.run(make_prompts(env, 2, seed=151 + round_))
+            finally:
+                env.install(None)
+            problems = _capture_problems(env, rec, samples, state)
+            if problems:
+                raise _fail(env, "set_finetune_adapter", f"with lora_dropout={state.config.lora_dropout} in the "
+                            f"adapter's config (round {round_ + 1} of 2), captures differ from the deterministic "
+                            "forward of exactly these weights: " + "; ".join(problems[:3]))
+    finally:
+        env.host.set_finetune_adapter(handed_copy(original))  # type: ignore[attr-defined]
