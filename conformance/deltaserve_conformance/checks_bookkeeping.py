@@ -249,3 +249,28 @@ def check_set_finetune_adapter__lora_dropout_never_reaches_the_forward(env: Conf
                             "forward of exactly these weights: " + "; ".join(problems[:3]))
     finally:
         env.host.set_finetune_adapter(handed_copy(original))  # type: ignore[attr-defined]
+
+
+@check("report_step_time")
+def check_report_step_time__record_has_the_composition_that_ran(env: ConformanceEnv) -> None:
+    """A step's record reports the client rows the step ran, as its offer scheduled them: the prefill lengths, the
+    decode count and those decodes' KV tokens. On a host without mixed batches a prefill step runs no decode: the
+    decodes it defers are waiting, not in its record (counted there, calibration fits prefill steps as mixed ones)."""
+    rec = Recorder()
+    _staggered_run(env, rec, seed=53)
+    offered = {b.step_id: b for b in rec.batches}  # the last offer of a step is the batch it ran
+    compared = 0
+    for r in rec.real_records():
+        b = offered.get(r.step_id)
+        if b is None or b.is_empty:
+            continue
+        compared += 1
+        want = (tuple(sorted(b.prefill_lengths)), b.num_decode, b.kv_tokens)
+        got = (tuple(sorted(r.prefill_lengths)), r.num_decode, r.kv_tokens)
+        if got != want:
+            raise _fail(env, "report_step_time", f"step {r.step_id}'s record reports prefills {got[0]}, {got[1]} "
+                        f"decodes over {got[2]} KV tokens; the step ran (its offer's scheduled rows) prefills "
+                        f"{want[0]}, {want[1]} decodes over {want[2]} KV tokens (waiting: "
+                        f"{sorted(w.request_id for w in b.waiting)}); expected the composition that ran")
+    if not compared:
+        raise _fail(env, "report_step_time", "no record of a step with client rows arrived")

@@ -175,7 +175,7 @@ RULES: tuple[Rule, ...] = (
     Rule("HostHooks.report_step_time", "exactly one :class:`StepRecord` per executed step",
          ("report_step_time__one_record_per_step", "report_step_time__consistent_with_wall_clock",
           "report_step_time__duration_not_below_device_time", "report_step_time__profile_step_reports_its_shape",
-          "generated__scenarios_keep_every_invariant", "stateful__interleaved_operations_keep_every_invariant")),
+          "report_step_time__record_has_the_composition_that_ran", "generated__scenarios_keep_every_invariant", "stateful__interleaved_operations_keep_every_invariant")),
     Rule("HostHooks.graph_mode", "Called by the core inside ``on_schedule``",
          core_obligation=_CORE + " (checks call graph_mode from the thread that drives the host)"),
     Rule("HostHooks.graph_mode", "Must be a pure function",

@@ -1472,6 +1472,30 @@ class TrainModeDropoutHost(ReferenceHost):
         return super()._linear(x, module, layer, name, groups)
 
 
+class RunningListRecordHost(ReferenceHost):
+    """Runs without mixed batches and fills a record's decode count and KV tokens from the engine's running list, so
+    a prefill step reports the decodes it deferred as decoded."""
+
+    name = "broken-running-list-record"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(dataclasses.replace(config, mixed_batches=False))
+
+    def report_step_time(self, sink) -> None:  # noqa: ANN001
+        if sink is None:
+            return super().report_step_time(None)
+        host = self
+
+        def from_running_list(record: StepRecord) -> None:
+            if not record.synthetic and record.prefill_lengths:
+                decoding = [s for s in host._running if s.output and len(s.output) > 1]
+                record = dataclasses.replace(record, num_decode=len(decoding),
+                                             kv_tokens=sum(s.context for s in decoding))
+            sink(record)
+
+        return super().report_step_time(from_running_list)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1577,4 +1601,5 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     OfferTimeTokensHost: "intercept_schedule__token_times_not_before_their_step",
     EosOnlyForBaseHost: "driver__ignore_eos_false_stops_at_the_first_eos",
     TrainModeDropoutHost: "set_finetune_adapter__lora_dropout_never_reaches_the_forward",
+    RunningListRecordHost: "report_step_time__record_has_the_composition_that_ran",
 }
