@@ -1976,6 +1976,7 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
         raise _fail(env, "capabilities", "expected the declared dtypes to be the engine's: " + "; ".join(problems))
 
 
-# More fixed checks (declared facts, step bookkeeping), then the generated and stateful ones, which run last.
+# More fixed checks (declared facts, step bookkeeping, interleavings), then the generated and stateful ones, which run last.
 from . import checks_bookkeeping as _bookkeeping  # noqa: E402,F401
+from . import checks_interleaving as _interleaving  # noqa: E402,F401
 from . import scenarios as _scenarios  # noqa: E402,F401

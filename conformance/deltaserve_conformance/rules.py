@@ -233,6 +233,13 @@ RULES: tuple[Rule, ...] = (
     Rule("ClientRequest", "it must stop at the first EOS it generates",
          ("driver__ignore_eos_false_stops_at_the_first_eos",)),
     Rule("HostDriver.run_idle_step", "True exactly when one ran", ("driver__run_idle_step_answers_whether_a_step_ran",)),
+    Rule("HostDriver.run_idle_step", "Client requests pending when it is called are never lost",
+         ("driver__run_idle_step_never_loses_pending_client_work",)),
+    Rule("HostHooks.publish_adapter", "The returned name serves exactly ``state``'s weights",
+         ("publish_adapter__version_keeps_its_weights_when_training_moves_on",
+          "publish_adapter__republished_name_serves_the_new_weights")),
+    Rule("HostHooks.publish_adapter", "Requests in flight when it is called keep the adapter",
+         ("publish_adapter__requests_in_flight_keep_their_adapter",)),
 )
 
 

@@ -1496,6 +1496,82 @@ class RunningListRecordHost(ReferenceHost):
         return super().report_step_time(from_running_list)
 
 
+# --- interleavings (checks_interleaving.py) ---------------------------------------------------------------------
+
+
+class PublishAliasesSlotHost(ReferenceHost):
+    """Keeps the fine-tuning slot's tensors and updates them in place; publishing the weights the slot holds
+    registers the published name as an alias of the slot instead of a copy."""
+
+    name = "broken-publish-alias"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        new = self._to_lora(state)
+        slot = self._adapters.get(RESERVED_ADAPTER_NAME)
+        if slot is not None and slot.pairs.keys() == new.pairs.keys() and all(
+                slot.pairs[k][0].shape == new.pairs[k][0].shape for k in new.pairs):
+            for k, (a, b) in new.pairs.items():
+                slot.pairs[k][0].copy_(a)
+                slot.pairs[k][1].copy_(b)
+            slot.scaling = new.scaling
+        else:
+            self._adapters[RESERVED_ADAPTER_NAME] = new
+
+    def publish_adapter(self, state) -> str:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+        from deltaserve_core.hostkit import published_name
+
+        name = published_name(state.name, state.version)
+        new, slot = self._to_lora(state), self._adapters.get(RESERVED_ADAPTER_NAME)
+        same = slot is not None and slot.pairs.keys() == new.pairs.keys() and all(
+            torch.equal(slot.pairs[k][0], new.pairs[k][0]) and torch.equal(slot.pairs[k][1], new.pairs[k][1])
+            for k in new.pairs)
+        self._adapters[name] = slot if same else new
+        return name
+
+
+class RepublishKeepsFirstHost(ReferenceHost):
+    """Treats a published name it already holds as loaded: a second publish of the same name keeps the first
+    weights."""
+
+    name = "broken-republish"
+
+    def publish_adapter(self, state) -> str:  # noqa: ANN001
+        from deltaserve_core.hostkit import published_name
+
+        name = published_name(state.name, state.version)
+        return name if name in self._adapters else super().publish_adapter(state)
+
+
+class PublishRepointsRunningHost(ReferenceHost):
+    """Publishing points the running adapter requests at the newly published adapter (one "current LoRA" slot
+    that a publish overwrites)."""
+
+    name = "broken-publish-repoints"
+
+    def publish_adapter(self, state) -> str:  # noqa: ANN001
+        name = super().publish_adapter(state)
+        for seq in self._running:
+            if seq.request.adapter is not None:
+                seq.request = dataclasses.replace(seq.request, adapter=name)
+        return name
+
+
+class IdleStepDropsClientOutputsHost(ReferenceHost):
+    """run_idle_step() steps the engine whatever is queued; the outputs of client requests that finish in that step
+    are dropped (it returns a bool)."""
+
+    name = "broken-idle-step-outputs"
+
+    def run_idle_step(self) -> bool:
+        if self.has_unfinished():
+            self.step()
+            return True
+        return super().run_idle_step()
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1602,4 +1678,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     EosOnlyForBaseHost: "driver__ignore_eos_false_stops_at_the_first_eos",
     TrainModeDropoutHost: "set_finetune_adapter__lora_dropout_never_reaches_the_forward",
     RunningListRecordHost: "report_step_time__record_has_the_composition_that_ran",
+    PublishAliasesSlotHost: "publish_adapter__version_keeps_its_weights_when_training_moves_on",
+    RepublishKeepsFirstHost: "publish_adapter__republished_name_serves_the_new_weights",
+    PublishRepointsRunningHost: "publish_adapter__requests_in_flight_keep_their_adapter",
+    IdleStepDropsClientOutputsHost: "driver__run_idle_step_never_loses_pending_client_work",
 }

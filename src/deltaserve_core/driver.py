@@ -116,7 +116,8 @@ class HostDriver(Protocol):
     def run_idle_step(self) -> bool:
         """Offer the interceptor a step with no client work (the fine-tuning-only step). Returns whether a
         step executed: True exactly when one ran (its StepRecord reaches the step sink), False when the interceptor
-        added nothing."""
+        added nothing. Client requests pending when it is called are never lost: each is served and returned by a
+        later ``step()``."""
         ...
 
     def has_unfinished(self) -> bool:

@@ -227,6 +227,10 @@ class HostHooks(Protocol):
 
         Called by the core per the job's publish policy. A host must never serve KV computed with older
         weights under the returned name (publish under a fresh name/version or reset its prefix cache).
+        The returned name serves exactly ``state``'s weights until that name is published again: never those of a
+        later :meth:`set_finetune_adapter` (the host keeps its own copy), and a second publish of the same name and
+        version (a restarted job redoing a step) replaces them. Requests in flight when it is called keep the
+        adapter they were submitted on, never moved to another one.
         """
         ...
 
