@@ -274,3 +274,37 @@ def check_report_step_time__record_has_the_composition_that_ran(env: Conformance
                         f"{sorted(w.request_id for w in b.waiting)}); expected the composition that ran")
     if not compared:
         raise _fail(env, "report_step_time", "no record of a step with client rows arrived")
+
+
+@check("capabilities")
+def check_capabilities__declared_mixed_batches_run_rows_in_decode_steps(env: ConformanceEnv) -> None:
+    """A host that declares ``mixed_batches`` runs fine-tuning rows the core injects into a decode-only step, in
+    that step: that is how the core fills decode steps on such hosts. A declaration left at True on a host started
+    without mixed batches makes every such injection fail or vanish."""
+    caps = env.host.capabilities()  # type: ignore[attr-defined]
+    if not caps.mixed_batches:
+        return  # the core injects into prefill steps only (HostCapabilities: an obligation of the core)
+    samples = make_samples(env, 1, first_id=5300, lengths=[9], seed=153)
+    fired: list[int] = []
+
+    def inject(batch):  # noqa: ANN001, ANN202
+        if not fired and batch.scheduled and not batch.has_prefill:
+            fired.append(batch.step_id)
+            return samples
+        return ()
+
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    try:
+        env.run(make_prompts(env, 2, seed=153, max_tokens=4))
+    except Exception as exc:  # noqa: BLE001 - the host's own refusal is the finding
+        raise _fail(env, "capabilities", f"mixed_batches=True, but a fine-tuning row injected into a decode-only "
+                    f"step made the step fail: {type(exc).__name__}: {exc}") from exc
+    if not fired:
+        raise _fail(env, "capabilities", "mixed_batches=True, but no decode-only step was offered for 2 requests of 4 "
+                    "tokens")
+    record = rec.record_for(fired[0])
+    ran = set(record.finetune_sample_ids) if record is not None else set()
+    if ran != {5300}:
+        raise _fail(env, "capabilities", f"mixed_batches=True, but the fine-tuning row injected into decode-only "
+                    f"step {fired[0]} did not run there (its record: {record}); expected it in that step")

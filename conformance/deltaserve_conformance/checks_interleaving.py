@@ -69,24 +69,26 @@ def check_publish_adapter__republished_name_serves_the_new_weights(env: Conforma
 
 @check("publish_adapter")
 def check_publish_adapter__requests_in_flight_keep_their_adapter(env: ConformanceEnv) -> None:
-    """A publish that lands while requests decode leaves them on the adapter they were submitted on. The version
-    is named to sort before the client adapter, so a host that rebuilds a sorted adapter table on publish (and
-    keeps running requests' old slot indices) moves them onto another adapter mid-request."""
-    requests = make_prompts(env, 4, seed=63, max_tokens=10, adapter_every=2)
+    """A publish that lands while requests decode leaves them on the adapter they were submitted on. The requests
+    run on a version of weights no other adapter holds, and the version published mid-flight is named to sort
+    first, so a host that rebuilds a sorted adapter table on publish (and keeps running requests' old slot
+    indices) moves them onto another adapter's weights mid-request."""
+    client = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="m-inflight-own", version=32)
+    own = _scaled(client, 1.7)
+    own_name = env.host.publish_adapter(handed_copy(own))  # type: ignore[attr-defined]
+    requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=own_name if r.adapter else None)
+                for r in make_prompts(env, 4, seed=63, max_tokens=10, adapter_every=2, prefix="inflight")]
     for r in requests:
         env.host.submit(r)  # type: ignore[attr-defined]
     outputs: list[ClientOutput] = []
     for _ in range(3):
         outputs.extend(env.host.step())  # type: ignore[attr-defined]
-    state = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="0-inflight", version=31)
-    name = env.host.publish_adapter(handed_copy(_scaled(state, 2.0)))  # type: ignore[attr-defined]
+    name = env.host.publish_adapter(handed_copy(_scaled(client, 2.0, name="0-inflight", version=31)))  # type: ignore[attr-defined]
     outputs.extend(env.run_stepwise([]))
-    problems = _greedy_problems(env, outputs, requests,
-                                lambda r: env.client_adapter_dir if r.adapter == env.client_adapter else None)
+    problems = _greedy_problems(env, outputs, requests, lambda r: own if r.adapter else None)
     if problems:
-        raise _fail(env, "publish_adapter", f"{name!r} was published after 3 steps of requests on "
-                    f"{env.client_adapter!r} and the base model: expected each to keep its own adapter; "
-                    + "; ".join(problems[:3]))
+        raise _fail(env, "publish_adapter", f"{name!r} was published after 3 steps of requests on {own_name!r} and "
+                    "the base model: expected each to keep its own adapter; " + "; ".join(problems[:3]))
 
 
 @check("driver")

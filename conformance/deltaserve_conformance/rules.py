@@ -233,6 +233,8 @@ RULES: tuple[Rule, ...] = (
     Rule("ClientRequest", "it must stop at the first EOS it generates",
          ("driver__ignore_eos_false_stops_at_the_first_eos",)),
     Rule("HostDriver.run_idle_step", "True exactly when one ran", ("driver__run_idle_step_answers_whether_a_step_ran",)),
+    Rule("HostCapabilities", "A host that declares it must run fine-tuning rows injected into a decode-only step",
+         ("capabilities__declared_mixed_batches_run_rows_in_decode_steps",)),
     Rule("HostDriver.run_idle_step", "Client requests pending when it is called are never lost",
          ("driver__run_idle_step_never_loses_pending_client_work",)),
     Rule("HostHooks.publish_adapter", "The returned name serves exactly ``state``'s weights",

@@ -1572,6 +1572,20 @@ class IdleStepDropsClientOutputsHost(ReferenceHost):
         return super().run_idle_step()
 
 
+class DeclaresMixedWhenNotHost(_WrapsInterceptor):
+    """Declares mixed batches, but its decode-only path (one decode kernel, no room for prefill rows) drops the
+    fine-tuning rows the core injects there."""
+
+    name = "broken-declares-mixed"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        class DecodeOnlyDrops(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = self.inner.on_schedule(batch)
+                return () if batch.scheduled and not batch.has_prefill else samples
+
+        return DecodeOnlyDrops(interceptor)
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1682,4 +1696,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     RepublishKeepsFirstHost: "publish_adapter__republished_name_serves_the_new_weights",
     PublishRepointsRunningHost: "publish_adapter__requests_in_flight_keep_their_adapter",
     IdleStepDropsClientOutputsHost: "driver__run_idle_step_never_loses_pending_client_work",
+    # the rows it drops were handed back by on_schedule: call_order sees a step that took rows and never began them
+    DeclaresMixedWhenNotHost: ("capabilities__declared_mixed_batches_run_rows_in_decode_steps",
+                               "capture_activation__call_order"),
 }

@@ -211,7 +211,8 @@ class HostCapabilities:
     """What a host can do; the core adapts its policy to it instead of asking hosts to fake features.
 
     - ``mixed_batches``: one step may hold prefill and decode rows (vLLM, SGLang's mixed chunk, the reference
-      host); S-LoRA never mixes them, so the core admits fine-tuning only into prefill steps there.
+      host); S-LoRA never mixes them, so the core admits fine-tuning only into prefill steps there. A host that
+      declares it must run fine-tuning rows injected into a decode-only step in that step.
     - ``graph_modes``: execution modes the host can run steps in. ``{EAGER}`` for hosts without CUDA graphs.
     - ``activation_dtype``: dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) of captured layer inputs. It
       must be the dtype the engine runs in, never the field's default left as is: the core sizes its activation
