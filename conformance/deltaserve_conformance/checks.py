@@ -1593,6 +1593,26 @@ def check_intercept_schedule__batch_lists_every_unfinished_request(env: Conforma
                         "in ProposedBatch.waiting")
 
 
+def _token_times_and_steps(rec: Recorder, requests) -> tuple[dict[tuple[str, int], float], dict[str, list[int]]]:  # noqa: ANN001
+    """What the offers show of ``requests``' tokens: (request, k) -> the time of its k-th token (its
+    ``last_token_time`` when ``output_tokens`` was k), and request -> the steps whose row yields a token (decodes,
+    last prefill chunks), in order, so token k came from the k-th of them. First offers only: offering a step
+    twice is another check's."""
+    prompt_len = {r.request_id: len(r.prompt_ids) for r in requests}
+    producing: dict[str, list[int]] = {}
+    token_time: dict[tuple[str, int], float] = {}
+    first_offer = list({b.step_id: b for b in reversed(rec.batches)}.values())[::-1]
+    for b in first_offer:
+        for r in b.waiting + b.scheduled:
+            if r.last_token_time is not None and r.output_tokens > 0:
+                token_time.setdefault((r.request_id, r.output_tokens), r.last_token_time)
+        for r in b.scheduled:
+            if r.request_id in prompt_len and (r.prefill_tokens == 0
+                                               or r.prefill_tokens + r.context_tokens >= prompt_len[r.request_id]):
+                producing.setdefault(r.request_id, []).append(b.step_id)
+    return token_time, producing
+
+
 @check("report_step_time")
 def check_report_step_time__record_after_the_step_outputs(env: ConformanceEnv) -> None:
     """A step's record reaches the step sink after the step's outputs were processed: the token a request got in
@@ -1602,18 +1622,7 @@ def check_report_step_time__record_after_the_step_outputs(env: ConformanceEnv) -
     env.install(rec)
     requests = make_prompts(env, 3, seed=44, max_tokens=4)
     env.run(requests)
-    prompt_len = {r.request_id: len(r.prompt_ids) for r in requests}
-    producing: dict[str, list[int]] = {}  # request -> steps whose row yields a token (decodes, last prefill chunks)
-    token_time: dict[tuple[str, int], float] = {}  # (request, k) -> time of its k-th token, as later batches show it
-    first_offer = list({b.step_id: b for b in reversed(rec.batches)}.values())[::-1]  # offering twice is another check
-    for b in first_offer:
-        for r in b.waiting + b.scheduled:
-            if r.last_token_time is not None and r.output_tokens > 0:
-                token_time.setdefault((r.request_id, r.output_tokens), r.last_token_time)
-        for r in b.scheduled:
-            if r.request_id in prompt_len and (r.prefill_tokens == 0
-                                               or r.prefill_tokens + r.context_tokens >= prompt_len[r.request_id]):
-                producing.setdefault(r.request_id, []).append(b.step_id)
+    token_time, producing = _token_times_and_steps(rec, requests)
     received = {}
     for r, at in zip(rec.records, rec.record_received_at):
         received.setdefault(r.step_id, at)
@@ -1629,8 +1638,8 @@ def check_report_step_time__record_after_the_step_outputs(env: ConformanceEnv) -
                         f"{(t - received[step]) * 1e3:.3f} ms before the token {k} of {rid!r} that step produced: "
                         "expected the record after the step's outputs were processed")
     if not compared:
-        raise _fail(env, "report_step_time", f"no token of {sorted(prompt_len)} could be matched to its step's record "
-                    "(batches offered to on_schedule show no output_tokens/last_token_time)")
+        raise _fail(env, "report_step_time", f"no token of {sorted(r.request_id for r in requests)} could be "
+                    "matched to its step's record (batches offered to on_schedule show no output_tokens/last_token_time)")
 
 
 @check("run_profile_step")

@@ -16,7 +16,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientRequest
 from deltaserve_core.types import ProfileShape
 
-from .checks import _capture_problems, _fail, _inject_into_first_prefill, check
+from .checks import _capture_problems, _fail, _inject_into_first_prefill, _token_times_and_steps, check
 from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -151,21 +151,12 @@ def check_intercept_schedule__token_times_not_before_their_step(env: Conformance
     step was scheduled makes the core's TPOT clock run short by a whole step."""
     rec = Recorder()
     requests = _staggered_run(env, rec, seed=49)
-    prompt_len = {r.request_id: len(r.prompt_ids) for r in requests}
     starts = {r.step_id: r.start_time for r in rec.real_records()}
-    producing: dict[str, list[int]] = {}
-    first_offer = list({b.step_id: b for b in reversed(rec.batches)}.values())[::-1]
-    times: dict[tuple[str, int], float] = {}
-    for b in first_offer:
+    times, producing = _token_times_and_steps(rec, requests)
+    for b in rec.batches:  # the first token's time as every offer shows it, also after later tokens came
         for r in b.waiting + b.scheduled:
-            if r.last_token_time is not None and r.output_tokens > 0:
-                times.setdefault((r.request_id, r.output_tokens), r.last_token_time)
             if r.first_token_time is not None:
                 times.setdefault((r.request_id, 1), r.first_token_time)
-        for r in b.scheduled:
-            if r.request_id in prompt_len and (r.prefill_tokens == 0
-                                               or r.prefill_tokens + r.context_tokens >= prompt_len[r.request_id]):
-                producing.setdefault(r.request_id, []).append(b.step_id)
     compared = 0
     for (rid, k), t in sorted(times.items()):
         steps = producing.get(rid, [])
