@@ -208,7 +208,7 @@ def test_gpu_result_is_committed_with_commit_and_versions() -> None:
     res = json.loads((ROOT / "benchmarks" / "results" / "slora_h200.json").read_text())
     # SLORA_COMMIT names it when the carried source has no git metadata (then often abbreviated)
     assert len(res["slora_commit"]) >= 7 and "c1ddf488781ea7f551cd0bb07bfd097124c93411".startswith(res["slora_commit"])
-    assert {"torch", "transformers", "peft", "triton", "cuda"} <= set(res["versions"]) and res["date"]
+    assert {"torch", "transformers", "peft", "triton", "cuda"} <= set(res["versions"]) and res["date"] and res["commit"]
     assert res["conformance"]["failed"] == 0 and res["conformance"]["passed"] >= 15
     assert shutil.which("bash") is None or (ROOT / "benchmarks" / "gpu" / "slora_h200.sh").is_file()
 
