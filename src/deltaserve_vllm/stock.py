@@ -8,12 +8,17 @@ on the same GPU, arrivals and lengths:
   as well: model, dtype, seed, token budget, running-request cap, memory share, and LoRA on with the same rank and
   slots (published adapters are LoRAs);
 - ``stock_ds_config``: unmodified vLLM given DeltaServe's engine settings (:func:`.host.engine_settings`), so that
-  the cost of the configuration and the cost of the hooks are told apart.
+  the cost of the configuration and the cost of the hooks are told apart;
+- ``served``: DeltaServe as an operator runs it, ``vllm serve``'s engine with the ``deltaserve`` plugin and a job
+  (``stock``'s arguments plus ``additional_config``; the plugin adds what co-serving needs), so the tax is measured
+  on the operator's path rather than on the bench's in-process driver;
+- ``served_paused``: the same with its job paused before the first request: DeltaServe's scheduler, worker
+  extension, executor and reserved LoRA slot in place, nothing trained (the tax of the configuration alone).
 
 Each variant runs in a child process of its own: vLLM's defaults include the multiprocess engine core, and the
-in-process host's environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_USE_V2_MODEL_RUNNER=0``) and
-DeltaServe's vLLM plugin must not reach it. Clients are served through ``AsyncLLM``, the engine under
-``vllm serve``; a token's time is when the client's stream receives it.
+in-process host's environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_USE_V2_MODEL_RUNNER=0``) must not reach
+it; DeltaServe's vLLM plugin loads in the ``served`` variants only. Clients are served through ``AsyncLLM``, the
+engine under ``vllm serve``; a token's time is when the client's stream receives it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,17 +38,28 @@ from typing import Any
 from deltaserve_core.bench.metrics import saturation_summary
 from deltaserve_core.driver import ClientRequest, HostConfig
 
-__all__ = ["VARIANTS", "run_stock", "stock_engine_args"]
+__all__ = ["SERVED_VARIANTS", "VARIANTS", "run_stock", "stock_engine_args"]
 
-VARIANTS = ("stock", "stock_ds_config")
+VARIANTS = ("stock", "stock_ds_config", "served", "served_paused")
+#: the variants that run DeltaServe's plugin with a job (``run_stock``'s ``job``)
+SERVED_VARIANTS = ("served", "served_paused")
 #: requests served before the timed part (kernels built lazily on first use, allocator growth)
 _WARMUP = 4
 
 
-def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool) -> dict[str, Any]:
-    """Engine arguments of ``variant`` (see the module docstring)."""
+def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool, job_path: str | None = None) -> dict[str, Any]:
+    """Engine arguments of ``variant`` (see the module docstring); ``job_path``: the job file of a served variant."""
     from .host import _async_scheduling, engine_settings
 
+    if variant in SERVED_VARIANTS:
+        if not job_path:
+            raise ValueError(f"the {variant!r} variant runs DeltaServe's plugin, which needs a job config file")
+        kwargs = stock_engine_args(config, "stock", cuda=cuda)
+        # What the operator adds to the stock line: the job, and the scheduling loop DeltaServe was calibrated in
+        # (its plugin would otherwise pick the synchronous loop, and the stored profile is per loop).
+        kwargs["additional_config"] = {"deltaserve": {"job": job_path}}
+        kwargs["async_scheduling"] = _async_scheduling(config.options.get("async_scheduling"), cuda)
+        return kwargs
     if variant == "stock_ds_config":  # the host's settings under the host's options, async scheduling included
         return engine_settings(config, cuda=cuda,
                                async_scheduling=_async_scheduling(config.options.get("async_scheduling"), cuda))
@@ -63,40 +79,58 @@ def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool) -> dict[s
     return kwargs
 
 
-def _child_env(variant: str, cuda: bool) -> dict[str, str]:
+def _child_env(variant: str, cuda: bool, profile_dir: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER"):
         env.pop(key, None)
     if variant == "stock_ds_config" and cuda:
         env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # what the host sets (its worker extension needs the V1 runner)
-    # No general plugin: DeltaServe's would be a no-op without its config, but "stock" means nothing of ours loads.
-    env["VLLM_PLUGINS"] = "__none__"
+    if variant in SERVED_VARIANTS:
+        env["VLLM_PLUGINS"] = "deltaserve"  # only DeltaServe's engine plugin, as `vllm serve` would load it
+        if profile_dir:
+            env["DELTASERVE_PROFILE_DIR"] = profile_dir  # where the bench stored this engine's calibration
+    else:
+        # No general plugin: DeltaServe's would be a no-op without its config, but "stock" means nothing of ours loads.
+        env["VLLM_PLUGINS"] = "__none__"
     return env
 
 
 def run_stock(variant: str, config: HostConfig, arrivals: Sequence[tuple[float, ClientRequest]], *,
               saturation: Sequence[ClientRequest] = (), timeout_s: float = 1800.0,
-              log_path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+              log_path: str | os.PathLike[str] | None = None, job: Mapping[str, Any] | None = None,
+              profile_dir: str | None = None) -> dict[str, Any]:
     """Serve ``arrivals`` ((seconds, request), sorted) on vLLM ``variant`` in a child process, in real time.
 
     Returns ``{"token_times": [[s, ...] per arrival], "saturation": {...} or None, "engine": {...},
-    "startup_s": s}``; token times are seconds from the replay's start. ``saturation``: requests served all at
-    once after the replay (throughput at saturation). Raises ``RuntimeError`` with the child's log tail when it
-    fails."""
+    "startup_s": s}``, and for the served variants ``"job"``: the job's status (OpenAI's fine-tuning job object)
+    at the replay's start and end and after the saturation run; token times are seconds from the replay's start. ``saturation``: requests served all at once
+    after the replay (throughput at saturation). ``job`` (served variants): the job config mapping
+    (:func:`deltaserve_core.job_config.job_config_to_mapping`); ``profile_dir``: the calibration store the served
+    engine reads. Raises ``RuntimeError`` with the child's log tail when it fails."""
     cuda = config.device.startswith("cuda")
-    spec = {
-        "variant": variant, "cuda": cuda, "engine_args": stock_engine_args(config, variant, cuda=cuda),
-        "arrivals": [[t, list(r.prompt_ids), r.max_tokens] for t, r in arrivals],
-        "saturation": [[list(r.prompt_ids), r.max_tokens] for r in saturation],
-        "host_config": {k: v for k, v in asdict(config).items() if k in ("model", "device", "dtype")},
-    }
     with tempfile.TemporaryDirectory(prefix="deltaserve-stock-") as tmp:
+        job_path = None
+        if variant in SERVED_VARIANTS:
+            if job is None:
+                raise ValueError(f"the {variant!r} variant needs the job to co-serve (run_stock's job)")
+            import yaml
+
+            job_path = str(Path(tmp) / "job.yaml")
+            Path(job_path).write_text(yaml.safe_dump(dict(job)))
+        spec = {
+            "variant": variant, "cuda": cuda,
+            "engine_args": stock_engine_args(config, variant, cuda=cuda, job_path=job_path),
+            "arrivals": [[t, list(r.prompt_ids), r.max_tokens] for t, r in arrivals],
+            "saturation": [[list(r.prompt_ids), r.max_tokens] for r in saturation],
+            "host_config": {k: v for k, v in asdict(config).items() if k in ("model", "device", "dtype")},
+        }
         req, out = Path(tmp) / "request.json", Path(tmp) / "result.json"
         req.write_text(json.dumps(spec))
         log = Path(log_path) if log_path is not None else Path(tmp) / "child.log"
         with open(log, "w") as fh:
             try:
-                proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)], env=_child_env(variant, cuda),
+                proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)],
+                                      env=_child_env(variant, cuda, profile_dir),
                                       stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
                 code: int | str = proc.returncode
             except subprocess.TimeoutExpired:
@@ -161,26 +195,72 @@ async def _serve(engine: Any, jobs: Sequence[tuple[float, list[int], int]], tag:
     return list(got), time.monotonic() - t0
 
 
+async def _job_call(engine: Any, op: str, **args: Any) -> dict[str, Any]:
+    """One jobs-API call into the EngineCore (as the jobs routes of ``vllm serve`` make it); the job's answer.
+
+    The runtime starts with the engine's scheduler, so the job may not have started yet: retried for a while."""
+    deadline = time.monotonic() + 120.0
+    while True:
+        answers = await engine.collective_rpc("deltaserve_job_call", args=(op, args))
+        answer = answers[0] if isinstance(answers, list) else answers
+        if "result" in answer:
+            return answer["result"]
+        if answer.get("status") != 503 or time.monotonic() > deadline:
+            raise RuntimeError(f"DeltaServe job call {op!r} failed: {answer.get('error')}")
+        await asyncio.sleep(0.5)
+
+
+async def _settled(engine: Any, job_id: str, timeout_s: float = 120.0) -> None:
+    """Wait until a paused job's backward has finished what it captured before the pause (an idle engine admits
+    fine-tuning from its first second), so that nothing is trained while the paused system is measured."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        status = await _job_call(engine, "get", id=job_id)
+        now = (status["trained_tokens"], status["deltaserve"]["backward_busy"])
+        if now == last and not now[1]:
+            return
+        last = now
+        await asyncio.sleep(1.0)
+    raise RuntimeError(f"the paused job's backward did not settle within {timeout_s:.0f} s")
+
+
 async def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     t = time.monotonic()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
+    served = spec["variant"] in SERVED_VARIANTS
     try:
         startup = time.monotonic() - t
+        job_id = None
+        if served:
+            job_id = (await _job_call(engine, "list"))[0]["id"]
+            if spec["variant"] == "served_paused":
+                await _job_call(engine, "pause", id=job_id)
+                await _settled(engine, job_id)
         arrivals = [(float(a), list(p), int(n)) for a, p, n in spec["arrivals"]]
         # reversed prompts: the same shapes, no prefix-cache hit for the replay that follows
         warm = [(0.0, p[::-1], 4) for _, p, _ in arrivals[:_WARMUP]]
         if warm:
             await _serve(engine, warm, "warm")
+        job_trace: list[dict[str, Any]] = []  # the job's status at the replay's start and end (served variants)
+        if served:
+            job_trace.append(await _job_call(engine, "get", id=job_id))
         times, _ = await _serve(engine, arrivals, "r")
+        if served:
+            job_trace.append(await _job_call(engine, "get", id=job_id))
         sat = None
         if spec["saturation"]:
             jobs = [(0.0, list(p), int(n)) for p, n in spec["saturation"]]
             stimes, _ = await _serve(engine, jobs, "sat")
             sat = saturation_summary(stimes, sum(len(p) for _, p, _ in jobs))
-        return {"token_times": times, "saturation": sat, "engine": _engine_facts(engine), "startup_s": startup}
+        result = {"token_times": times, "saturation": sat, "engine": _engine_facts(engine), "startup_s": startup}
+        if served:
+            result["job"] = {"replay_start": job_trace[0], "replay_end": job_trace[1],
+                             "end": await _job_call(engine, "get", id=job_id)}
+        return result
     finally:
         engine.shutdown()
 

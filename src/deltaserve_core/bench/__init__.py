@@ -13,7 +13,7 @@
 
 #: Every system family the harness runs. ``static_mps`` and ``split_pool`` take a share (``static_mps@25``).
 SYSTEMS = ("bare", "deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation", "static_mps", "split_pool",
-           "stock", "stock_ds_config")
+           "stock", "stock_ds_config", "served", "served_paused")
 #: Systems that attach a CoServer to the host.
 COSERVED = ("deltaserve", "paper_rule", "idle_only", "no_interrupt", "llmstation")
 #: A trainer process beside the bare host (no DeltaServe): what an operator runs instead.
@@ -21,6 +21,11 @@ TRAINER_BASELINES = ("static_mps", "split_pool")
 #: The engine as shipped, without DeltaServe, in a child process (the inference tax is measured against ``stock``;
 #: ``stock_ds_config`` is the same engine given DeltaServe's engine settings). Opt-in: not part of ``--systems all``.
 STOCK = ("stock", "stock_ds_config")
+#: DeltaServe as an operator runs it: the engine's own serving engine with DeltaServe's plugin and the job, in a child
+#: process (``served_paused``: the job paused before the first request, the configuration's tax alone). Opt-in.
+SERVED = ("served", "served_paused")
+#: Systems whose engine runs in a child process from the host's ``stock`` runner.
+CHILD_ENGINES = STOCK + SERVED
 #: The systems DeltaServe's headline ratio is taken against (the best of those that held 100 % SLO).
 HEADLINE_BASELINES = ("static_mps", "split_pool", "idle_only", "llmstation", "paper_rule")
 
@@ -30,7 +35,7 @@ def family(system: str) -> str:
     return system.split("/", 1)[0].split("@", 1)[0]
 
 
-__all__ = ["COSERVED", "HEADLINE_BASELINES", "STOCK", "SYSTEMS", "TRAINER_BASELINES", "family", "source_commit"]
+__all__ = ["CHILD_ENGINES", "COSERVED", "HEADLINE_BASELINES", "SERVED", "STOCK", "SYSTEMS", "TRAINER_BASELINES", "family", "source_commit"]
 
 
 def source_commit() -> str | None:

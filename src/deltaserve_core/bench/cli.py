@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from . import STOCK, SYSTEMS
+from . import CHILD_ENGINES, SYSTEMS
 from .config import BenchConfig, DEFAULT_OUT_DIR
 from .runner import run_bench
 from .summary import format_table
@@ -92,7 +92,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     from .traces import TRACE_NAMES, parse_trace_columns, read_trace_file
 
     if args.systems == "all":
-        systems = tuple(s for s in SYSTEMS if s not in STOCK)
+        systems = tuple(s for s in SYSTEMS if s not in CHILD_ENGINES)
         if args.device != "cpu" and not args.split_ft_device:
             systems = tuple(s for s in SYSTEMS if s != "split_pool")
             print("[bench] split_pool left out: on one GPU the bench cannot cap its in-process engine (see "

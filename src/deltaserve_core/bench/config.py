@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import STOCK, SYSTEMS, family
+from . import CHILD_ENGINES, SYSTEMS, family
 from .metrics import StepSample, tight_slo
 
 __all__ = ["DEFAULT_OUT_DIR", "SLO_REGIMES", "BenchConfig", "auto_slo", "default_stem", "expand_systems", "regime_slo"]
@@ -41,7 +41,7 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
     trace: str = "burst-light"
-    systems: tuple[str, ...] = tuple(x for x in SYSTEMS if x not in STOCK)
+    systems: tuple[str, ...] = tuple(x for x in SYSTEMS if x not in CHILD_ENGINES)
     duration_s: float | None = 20.0
     time_scale: float = 1.0
     scale: float | None = None
@@ -157,7 +157,7 @@ def expand_systems(cfg: BenchConfig) -> tuple[str, ...]:
                 raise ValueError(f"system {s!r}: only static_mps and split_pool take a share")
             add(fam)
     # the stock engines next: their child process needs the GPU memory the trainer baselines' processes take later
-    order = {"bare": 0, "stock": 1, "stock_ds_config": 1, "static_mps": 2, "split_pool": 2}
+    order = {"bare": 0, **{s: 1 for s in CHILD_ENGINES}, "static_mps": 2, "split_pool": 2}
     return tuple(sorted(out, key=lambda n: order.get(family(n), 3)))
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import STOCK, TRAINER_BASELINES, family
+from . import CHILD_ENGINES, SERVED, STOCK, TRAINER_BASELINES, family
 from .config import BenchConfig, _job, default_stem, regime_slo
 from .metrics import (
     RequestResult,
@@ -109,7 +109,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
     (Path(cfg.out_dir) / f"{stem}.partial.json").unlink(missing_ok=True)  # a cut-short earlier run's, not ours
     from ..registry import create_host, get_host_spec
 
-    run_stock = get_host_spec(cfg.host).load_stock() if any(family(s) in STOCK for s in cfg.instances) else None
+    run_stock = get_host_spec(cfg.host).load_stock() if any(family(s) in CHILD_ENGINES for s in cfg.instances) else None
 
     from transformers import AutoTokenizer
 
@@ -287,12 +287,21 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
                     t = slos["tight"]
                     print(f"[bench] tight SLO from bare: TTFT {t[0] * 1000:.1f} ms / TPOT {t[1] * 1000:.1f} ms "
                           f"(bare p99 step {t[2]['bare_p99_step_s'] * 1000:.1f} ms)", file=sys.stderr)
-            elif fam in STOCK:
+            elif fam in CHILD_ENGINES:
                 assert run_stock is not None
+                served: dict[str, Any] = {}
+                if fam in SERVED:
+                    from ..assets import cache_dir
+                    from ..job_config import job_config_to_mapping
+
+                    # the SLO of the run's first regime, as the in-process co-servers get for that regime
+                    ttft, tpot, _ = slos[next(r for r in regimes if r in slos)]
+                    served = {"job": job_config_to_mapping(_job(cfg, ttft, tpot, str(work / f"ckpt-{system}"))),
+                              "profile_dir": str(cache_dir() / "profiles-bench")}
                 try:
                     run_one(system, lambda bar: _run_stock(run_stock, system, host_config, arrivals(system),
                                                            trace.duration_s, bar, saturation(system), work,
-                                                           cfg.stock_timeout_s))
+                                                           cfg.stock_timeout_s, **served))
                 except RuntimeError as exc:
                     # A reference engine that cannot start here (a vLLM default this build or GPU cannot run) is a
                     # result to report, not a reason to lose every other system's run.
@@ -332,7 +341,7 @@ def run_bench(cfg: BenchConfig, *, latency_model: Any = None, lengths: Any = Non
             inst, _, reg = key.partition("/")
             if reg and reg != regime:
                 continue
-            trains = family(inst) not in ("bare", *STOCK)
+            trains = family(inst) not in ("bare", *STOCK, "served_paused")
             s = summarize(run, ttft_s=ttft, tpot_s=tpot, dedicated_ft_tok_s=alone_rate if trains else None,
                           idle_fraction=idle)
             s["slo_regime"] = regime
@@ -424,16 +433,27 @@ def _saturation(host: Any, sat: Sequence[Any], cfg: BenchConfig) -> dict[str, An
 
 def _run_stock(run_stock: Callable[..., dict[str, Any]], system: str, host_config: Any,
                arr: list[tuple[float, Any]], duration: float, bar: _Progress, sat: Sequence[Any],
-               work: Path, timeout_s: float) -> SystemRun:
-    """The engine as shipped (a child process; see the host's ``stock`` runner), on the same arrivals."""
-    res = run_stock(system, host_config, arr, saturation=sat, log_path=work / f"{system}.log", timeout_s=timeout_s)
+               work: Path, timeout_s: float, **served: Any) -> SystemRun:
+    """An engine in a child process (the host's ``stock`` runner), on the same arrivals: as shipped, or, given
+    ``served`` (``job``, ``profile_dir``), with DeltaServe's plugin co-serving that job."""
+    res = run_stock(system, host_config, arr, saturation=sat, log_path=work / f"{system}.log", timeout_s=timeout_s,
+                    **served)
     bar.tick(duration)
     reqs = [RequestResult(r.request_id, t, len(r.prompt_ids), r.max_tokens, tuple(times))
             for (t, r), times in zip(arr, res["token_times"])]
     extra = {"engine": res["engine"], "engine_startup_s": res["startup_s"]}
     if res.get("saturation"):
         extra["saturation"] = res["saturation"]
-    return SystemRun(system, _window(reqs, duration), reqs, [], [], extra)
+    ft_steps: list[tuple[float, int]] = []
+    if "job" in res:
+        extra["job"] = res["job"]
+        # The engine's steps are not visible from outside the child; the job's own count of trained tokens between
+        # the replay's start and end is what it trained in the window (one entry: FT tok/s = that / the window).
+        trained = (res["job"]["replay_end"].get("trained_tokens") or 0) - \
+            (res["job"]["replay_start"].get("trained_tokens") or 0)
+        if trained > 0:
+            ft_steps.append((0.0, int(trained)))
+    return SystemRun(system, _window(reqs, duration), reqs, ft_steps, [], extra)
 
 
 def _make_coserver(system: str, host: Any, cfg: BenchConfig, model: Any, records: Sequence[Any], tokenizer: Any,
