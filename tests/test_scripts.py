@@ -1,4 +1,5 @@
-"""scripts/test.sh and scripts/test_sglang.sh: pytest arguments reach every part of the run.
+"""scripts/test.sh, scripts/test_sglang.sh and scripts/test_vllm_low.sh: pytest arguments reach every part of the
+run.
 
 The scripts run with ``DELTASERVE_TEST_PLAN=1``, which prints each command instead of running it (no setup, no
 pytest): what is checked is which arguments each pytest call would get.
@@ -69,3 +70,19 @@ def test_import_direction_holds() -> None:
     # docs/architecture.md states it: the core never imports an adapter, the contract imports only the contract
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "check_import_direction.py")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_the_oldest_vllm_part_gets_options_and_only_vllm_paths() -> None:
+    opts = ("-x", "-k", "publish and not slow")
+    assert ["bash", "scripts/test_vllm_low.sh", *opts] in _plan("test.sh", *opts)
+    low = _pytest_calls(_plan("test_vllm_low.sh", *opts))
+    assert len(low) == 1 and low[0][0] == ".venv-vllm-low/bin/python" and low[0][-3:] == list(opts)
+    assert "tests/test_vllm_host.py" in low[0] and "tests/test_coserve_vllm.py" in low[0]
+    # a vLLM test path replaces the default selection; other paths are not this part's
+    args = ("-v", "tests/test_cli.py", "tests/test_vllm_async.py::test_x")
+    assert ["bash", "scripts/test_vllm_low.sh", *args] in _plan("test.sh", *args)
+    assert _pytest_calls(_plan("test_vllm_low.sh", *args)) == [
+        [".venv-vllm-low/bin/python", "-m", "pytest", "tests/test_vllm_async.py::test_x", "-p", "no:cacheprovider",
+         "-q", "--durations=10", "-v"]]
+    assert _pytest_calls(_plan("test_vllm_low.sh", "tests/test_cli.py")) == []
+    assert not any("test_vllm_low.sh" in w for cmd in _plan("test.sh", "tests/test_cli.py") for w in cmd)

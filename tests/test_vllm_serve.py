@@ -166,7 +166,20 @@ def test_the_launcher_is_vllms_cli_on_every_build() -> None:
     run = subprocess.run([sys.executable, "-m", "deltaserve_vllm", "--version"], capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip() == installed_vllm()[1]
+    # the version is the last line: vLLM 0.26 logs its Triton check to stdout at import (0.32 does not)
+    assert run.stdout.strip().splitlines()[-1] == installed_vllm()[1]
+
+
+def test_guard_answers_with_vllms_own_error_types() -> None:
+    """The adapter-endpoint guard answers with the error types vLLM's own adapter endpoints use: both moved between
+    0.26 and 0.32 (an import from the 0.32 location made every guarded load a 500 on 0.26). No server needed."""
+    from http import HTTPStatus
+
+    from deltaserve_vllm import guard
+
+    answer = guard._load_refused("mine")
+    assert isinstance(answer, guard._serving_models_module().ErrorResponse)
+    assert answer.error.code == HTTPStatus.BAD_REQUEST and "mine" in answer.error.message
 
 
 @pytest.fixture(scope="module")

@@ -144,10 +144,20 @@ def _wrap(cls: type, attr: str, make: Any) -> None:
     setattr(cls, attr, wrapped)
 
 
-def _error(message: str, status: HTTPStatus, kind: str) -> Any:
-    from vllm.entrypoints.serve import create_error_response
+def _serving_models_module() -> Any:
+    """The module of vLLM's ``OpenAIServingModels``: its ``create_error_response`` and ``ErrorResponse`` globals are
+    the ones vLLM's own adapter endpoints answer with. Both moved between releases (0.26:
+    ``vllm.entrypoints.serve.utils.error_response`` / ``vllm.entrypoints.openai.engine.protocol``; 0.32:
+    ``vllm.entrypoints.serve`` / ``vllm.entrypoints.serve.engine.protocol``), the module importing them did not."""
+    import sys
 
-    return create_error_response(message=message, err_type=kind, status_code=status)
+    from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+
+    return sys.modules[OpenAIServingModels.__module__]
+
+
+def _error(message: str, status: HTTPStatus, kind: str) -> Any:
+    return _serving_models_module().create_error_response(message=message, err_type=kind, status_code=status)
 
 
 def _load_refused(name: Any) -> Any:
@@ -166,10 +176,9 @@ def _guarded_load(original: Any) -> Any:
             log.warning("refused a client load of LoRA adapter %r from %r: DeltaServe's names and folders are not "
                         "loadable through the API", name, getattr(request, "lora_path", None))
             return _load_refused(name)
-        from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-
         result = await original(self, request, base_model_name)
-        if isinstance(result, ErrorResponse) and result.error.code != HTTPStatus.BAD_REQUEST:
+        failed = isinstance(result, _serving_models_module().ErrorResponse)
+        if failed and result.error.code != HTTPStatus.BAD_REQUEST:
             # vLLM answers a missing folder 404 and an unreadable one 500 with the OS error: a path probe.
             log.warning("loading LoRA adapter %r from %r failed: %s", name, getattr(request, "lora_path", None),
                         result.error.message)

@@ -63,11 +63,15 @@ PATCHES: tuple[PatchRecord, ...] = (
         breaks_if="vLLM's CLI reads its version another way", applies="launcher"),
     PatchRecord(
         target="vllm.entrypoints.openai.models.serving.OpenAIServingModels.load_lora_adapter/unload_lora_adapter",
-        how="class attributes wrapped by deltaserve_vllm.guard.install() in the API server process",
+        how="class attributes wrapped by deltaserve_vllm.guard.install() in the API server process; the refusal is "
+            "built with the create_error_response/ErrorResponse of OpenAIServingModels' own module (both moved "
+            "between vLLM 0.26 and 0.32, that module did not)",
         why="a client's runtime LoRA load or unload touching DeltaServe's names, folders or versions is refused, "
             "and every failed load gets the same 400 so the endpoint cannot probe server paths",
         upstream="not proposed yet: an admission hook for runtime LoRA loads and uniform load errors",
-        remove_when="vLLM offers that hook", breaks_if="the methods move or change signature", applies="server"),
+        remove_when="vLLM offers that hook",
+        breaks_if="the methods move or change signature, or their module stops importing those error types",
+        applies="server"),
     PatchRecord(
         target="vllm.entrypoints.openai.models.serving.OpenAIServingModels.show_available_models",
         how="class attribute wrapped by guard.install() in the API server process",

