@@ -67,7 +67,7 @@ class RuleViolation(AssertionError):
 _RULE_HOMES = {"intercept_schedule": ("HostHooks.intercept_schedule", "ScheduleInterceptor", "#:RESERVED"),
                "capture_activation": ("HostHooks.capture_activation", "ActivationSink"),
                "base_weights": ("LendsBaseWeights",), "protocol": ("#:REQUIRED",),
-               "driver": ("HostDriver", "check_client_adapter", "ClientRequest"), "model_spec": ("HostHooks.model_spec", "ModelSpec"),
+               "driver": ("HostDriver", "check_client_adapter", "ClientRequest", "ClientOutput"), "model_spec": ("HostHooks.model_spec", "ModelSpec"),
                "capabilities": ("HostHooks.capabilities", "HostCapabilities")}
 
 
@@ -1988,4 +1988,6 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
 # More fixed checks (declared facts, step bookkeeping, interleavings), then the generated and stateful ones, which run last.
 from . import checks_bookkeeping as _bookkeeping  # noqa: E402,F401
 from . import checks_interleaving as _interleaving  # noqa: E402,F401
+from . import checks_lifecycle as _lifecycle  # noqa: E402,F401
+from . import checks_audit as _audit  # noqa: E402,F401
 from . import scenarios as _scenarios  # noqa: E402,F401

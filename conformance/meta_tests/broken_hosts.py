@@ -1586,6 +1586,217 @@ class DeclaresMixedWhenNotHost(_WrapsInterceptor):
 
         return DecodeOnlyDrops(interceptor)
 
+
+# --- audit 2026-12-05 (checks_lifecycle.py, checks_audit.py) ----------------------------------------------------
+
+
+class ShutdownTwiceRaisesHost(ReferenceHost):
+    """shutdown() frees the model with ``del``: a second call raises AttributeError."""
+
+    name = "broken-shutdown-twice"
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        del self.model
+
+
+class ShutdownDrainsHost(ReferenceHost):
+    """shutdown() waits for in-flight requests to finish (a graceful drain), but the loop that would finish them is the
+    caller's: with a request pending it never returns (here: gives up after 120 s)."""
+
+    name = "broken-shutdown-drains"
+
+    def shutdown(self) -> None:
+        deadline = time.monotonic() + 120.0
+        while self.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        super().shutdown()
+
+
+class LeavesHelperProcessHost(ReferenceHost):
+    """Starts a helper process at start-up (a detokenizer, say) that shutdown() never stops. (The helper ends when
+    its parent does, so the meta-tests leak nothing.)"""
+
+    name = "broken-shutdown-leaves-process"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import os
+        import subprocess
+        import sys
+
+        super().__init__(config)
+        code = f"import os, time\nwhile os.getppid() == {os.getpid()}: time.sleep(0.2)"
+        self._helper = subprocess.Popen([sys.executable, "-c", code])
+
+
+class LeavesEngineThreadHost(ReferenceHost):
+    """Runs a non-daemon engine thread that shutdown() never stops (it would keep the owning process from exiting;
+    here it also ends with the main thread, so the meta-tests do not hang)."""
+
+    name = "broken-shutdown-leaves-thread"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import threading
+
+        super().__init__(config)
+        self._stop = threading.Event()
+
+        def loop() -> None:
+            while not self._stop.is_set() and threading.main_thread().is_alive():
+                time.sleep(0.1)
+
+        self._loop = threading.Thread(target=loop, name="broken-engine-loop", daemon=False)
+        self._loop.start()
+
+
+class UnknownAdapterOnBaseHost(ReferenceHost):
+    """A request naming an adapter the engine does not hold runs on the base model (the LoRA lookup falls back to no
+    adapter, with a warning), instead of being refused."""
+
+    name = "broken-unknown-adapter"
+
+    def submit(self, request: ClientRequest) -> None:
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        if request.adapter is not None and request.adapter != RESERVED_ADAPTER_NAME \
+                and request.adapter not in self._adapters:
+            request = dataclasses.replace(request, adapter=None)
+        super().submit(request)
+
+
+class StickyAbortHost(ReferenceHost):
+    """Once should_abort said True, an "aborting" flag stays set until the next client request arrives: later
+    fine-tuning-only steps stop at their first layer boundary without asking."""
+
+    name = "broken-sticky-abort"
+
+    def capture_activation(self, sink: ActivationSink | None) -> None:
+        if sink is None:
+            return super().capture_activation(None)
+        host = self
+
+        class Sticky:
+            def begin_step(self, step_id, samples) -> None:  # noqa: ANN001
+                sink.begin_step(step_id, samples)
+
+            def layer_input(self, step_id, layer, sample_id, hidden) -> None:  # noqa: ANN001
+                sink.layer_input(step_id, layer, sample_id, hidden)
+
+            def should_abort(self, step_id) -> bool:  # noqa: ANN001
+                if getattr(host, "_aborting", False):
+                    return True
+                host._aborting = bool(sink.should_abort(step_id))
+                return host._aborting
+
+            def end_step(self, step_id, completed, aborted) -> None:  # noqa: ANN001
+                sink.end_step(step_id, completed, aborted)
+
+        super().capture_activation(Sticky())
+
+    def submit(self, request: ClientRequest) -> None:
+        super().submit(request)
+        self._aborting = False
+
+
+class FinetuneInstallReslotsHost(ReferenceHost):
+    """set_finetune_adapter rebuilds the adapter slot table (the reserved adapter removed, then appended) and
+    requests in flight keep their slot index: a request on an adapter listed after the reserved one moves to the
+    next slot's weights."""
+
+    name = "broken-finetune-install-reslots"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+        before = list(self._adapters)
+        self._adapters.pop(RESERVED_ADAPTER_NAME, None)
+        super().set_finetune_adapter(state)
+        after = list(self._adapters)
+        for seq in list(self._running) + list(self._waiting):
+            adapter = seq.request.adapter
+            if adapter is not None and adapter in before:
+                seq.request = dataclasses.replace(seq.request, adapter=after[before.index(adapter)])
+
+
+class VersionsShareOneSlotHost(ReferenceHost):
+    """Keys published weights by the job's adapter name (one slot per adapter): publishing a new version copies its
+    weights into that slot, which every older version's name also points at."""
+
+    name = "broken-versions-one-slot"
+
+    def publish_adapter(self, state) -> str:  # noqa: ANN001
+        from deltaserve_core.hostkit import published_name
+
+        name = published_name(state.name, state.version)
+        new = self._to_lora(state)
+        slots = self.__dict__.setdefault("_job_slots", {})
+        slot = slots.get(state.name)
+        if slot is not None and slot.pairs.keys() == new.pairs.keys() and all(
+                slot.pairs[k][0].shape == new.pairs[k][0].shape for k in new.pairs):
+            for k, (a, b) in new.pairs.items():
+                slot.pairs[k][0].copy_(a)
+                slot.pairs[k][1].copy_(b)
+            slot.scaling = new.scaling
+        else:
+            slot = slots[state.name] = new
+        self._adapters[name] = slot
+        return name
+
+
+class StepUntilOutputHost(ReferenceHost):
+    """step() keeps stepping the engine until some request finishes (so it always has something to return)."""
+
+    name = "broken-step-until-output"
+
+    def step(self) -> list[ClientOutput]:
+        for _ in range(10_000):
+            out = super().step()
+            if out or not self.has_unfinished():
+                return out
+        return []
+
+
+class LingeringFinetuneRowsHost(ReferenceHost):
+    """has_unfinished() asks the engine, which keeps a step's fine-tuning rows (and calibration rows) as requests
+    until the next step retires them: True after a fine-tuning-only or calibration step with no client work."""
+
+    name = "broken-lingering-finetune-rows"
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        record = super()._execute(step_id, rows, tokens, synthetic)
+        self._rows_left = any(r.sample is not None for r in rows)
+        return record
+
+    def has_unfinished(self) -> bool:
+        return super().has_unfinished() or getattr(self, "_rows_left", False)
+
+    def step(self) -> list[ClientOutput]:
+        if getattr(self, "_rows_left", False) and not ReferenceHost.has_unfinished(self):
+            self._rows_left = False  # this call only retires the rows the last step left
+            return []
+        self._rows_left = False
+        return super().step()
+
+    def run_idle_step(self) -> bool:
+        if ReferenceHost.has_unfinished(self):
+            return False
+        return bool(self._step(allow_idle=True, report_executed=True))
+
+
+class ArrivalAtScheduleHost(ReferenceHost):
+    """A request's arrival time is stamped when the engine first schedules it (its prefill), not when submit accepted
+    it: the client's TTFT leaves out its time in the queue."""
+
+    name = "broken-arrival-at-schedule"
+
+    def _schedule(self):  # noqa: ANN202
+        prefills, decodes, left = super()._schedule()
+        now = time.monotonic()
+        for seq in prefills:
+            seq.arrival_time = now
+        return prefills, decodes, left
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1594,7 +1805,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                             "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
                             "capture_activation__mixed_step_rows_complete_whatever_should_abort_says",
                             # a row injected into a decode-only step runs a step later, not in it
-                            "capabilities__declared_mixed_batches_run_rows_in_decode_steps"),
+                            "capabilities__declared_mixed_batches_run_rows_in_decode_steps",
+                            # the client step after an abort: its rows run in the step after it
+                            "capture_activation__abort_does_not_outlive_its_step"),
     LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
                 "run_profile_step__synthetic_rows_never_reach_a_client"),
     # every check that holds client outputs next to fine-tuning rows to transformers' greedy tokens sees the drift
@@ -1621,20 +1834,25 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
                        "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                        "publish_adapter__republished_name_serves_the_new_weights",
-                       "publish_adapter__requests_in_flight_keep_their_adapter"),
+                       "publish_adapter__requests_in_flight_keep_their_adapter",
+                       "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+                       "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
                     "driver__run_idle_step_never_loses_pending_client_work",
-                    "publish_adapter__requests_in_flight_keep_their_adapter"),
+                    "publish_adapter__requests_in_flight_keep_their_adapter",
+                    "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
     MistypedHookHost: "protocol__validate_host",
     SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
     LateBeginStepHost: "capture_activation__call_order",
     FoldsScalingInPlaceHost: "intercept_schedule__inputs_not_mutated",
     EarlyClockHost: "report_step_time__duration_not_below_device_time",
     AbortKeepsComputingHost: "capture_activation__abort_stops_compute",
-    NormalisingAdapterNamesHost: "intercept_schedule__reserved_adapter_variants_refused",
+    # a case-insensitive lookup serves spellings of a client adapter it never loaded as well
+    NormalisingAdapterNamesHost: ("intercept_schedule__reserved_adapter_variants_refused",
+                                  "driver__unknown_adapter_refused"),
     TrainingNameServedHost: "intercept_schedule__reserved_adapter_variants_refused",
     PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
     # every later adapter is ignored, the all-projections one and the one over max_lora_rank too
@@ -1645,13 +1863,17 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "publish_adapter__new_version_never_served_stale_kv",
                          "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                          "publish_adapter__republished_name_serves_the_new_weights",
-                         "publish_adapter__requests_in_flight_keep_their_adapter"),
+                         "publish_adapter__requests_in_flight_keep_their_adapter",
+                         "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+                         "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
                         "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                         "publish_adapter__republished_name_serves_the_new_weights",
-                        "publish_adapter__requests_in_flight_keep_their_adapter"),
+                        "publish_adapter__requests_in_flight_keep_their_adapter",
+                        "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+                        "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
     # a republished name is the same stable name: its cached KV is the first weights'
     StableNameStaleKVHost: ("publish_adapter__new_version_never_served_stale_kv",
                             "publish_adapter__republished_name_serves_the_new_weights"),
@@ -1715,4 +1937,25 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # the rows it drops were handed back by on_schedule: call_order sees a step that took rows and never began them
     DeclaresMixedWhenNotHost: ("capabilities__declared_mixed_batches_run_rows_in_decode_steps",
                                "capture_activation__call_order"),
+    ShutdownTwiceRaisesHost: "driver__shutdown_is_idempotent",
+    ShutdownDrainsHost: "driver__shutdown_returns_with_requests_pending",
+    LeavesHelperProcessHost: "driver__shutdown_leaves_nothing_running",
+    LeavesEngineThreadHost: "driver__shutdown_leaves_nothing_running",
+    # a case variant of the reserved name is an adapter it never loaded too: served on the base, not refused
+    UnknownAdapterOnBaseHost: ("driver__unknown_adapter_refused",
+                               "intercept_schedule__reserved_adapter_variants_refused"),
+    # the flag set by abort_stops_finetune_only_step's abort stops the compute check's step before it polls
+    StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
+                      "capture_activation__abort_stops_compute"),
+    FinetuneInstallReslotsHost: "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+    VersionsShareOneSlotHost: "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+    # one step() call runs the first request to its end: the later request's prefill is offered only after it
+    StepUntilOutputHost: ("driver__step_runs_at_most_one_engine_step",
+                          "intercept_schedule__batch_lists_every_unfinished_request"),
+    # has_unfinished() is True after the previous step's rows: the profile check sees work left after its profile
+    # steps, and the variants check reads it as a refused request queued anyway
+    LingeringFinetuneRowsHost: ("driver__has_unfinished_counts_client_requests_only",
+                                "run_profile_step__synthetic_rows_never_reach_a_client",
+                                "intercept_schedule__reserved_adapter_variants_refused"),
+    ArrivalAtScheduleHost: "driver__client_output_times_follow_the_request",
 }

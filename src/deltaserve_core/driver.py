@@ -41,7 +41,12 @@ class ClientRequest:
 
 @dataclass(frozen=True, slots=True)
 class ClientOutput:
-    """What a client received for one request. Times are ``time.monotonic()`` of the driving process."""
+    """What a client received for one request. Times are ``time.monotonic()`` of the driving process.
+
+    ``arrival_time`` is when ``submit`` (or ``generate``) accepted the request, never when the engine first
+    scheduled it (the TTFT a client sees includes its time in the queue). ``token_times``, when given, holds exactly
+    one time per token of ``token_ids``, in order and non-decreasing, the first equal to ``first_token_time`` and the
+    last to ``finish_time``."""
 
     request_id: str
     token_ids: tuple[int, ...]
@@ -110,7 +115,8 @@ class HostDriver(Protocol):
 
     def step(self) -> list[ClientOutput]:
         """Run at most one engine step (or, for engines with their own loop, wait for the next one);
-        return the requests that finished in it."""
+        return the requests that finished in it. It never runs several steps in one call (to have something to
+        return, say): the core paces fine-tuning admission step by step."""
         ...
 
     def run_idle_step(self) -> bool:
@@ -121,11 +127,15 @@ class HostDriver(Protocol):
         ...
 
     def has_unfinished(self) -> bool:
-        """Whether any submitted client request has not finished."""
+        """Whether any submitted client request has not finished. Fine-tuning and calibration rows never count: it is
+        False once every client request has been returned, whatever ran since."""
         ...
 
     def shutdown(self) -> None:
-        """Stop the engine and free its memory; idempotent."""
+        """Stop the engine and free its memory; idempotent: a second call returns without raising, never fails on what
+        the first one freed. It returns also with client requests pending (they are dropped, never waited for). It
+        never leaves a process or a non-daemon thread the host started running: the process that owns the host must be
+        able to exit once it returned."""
         ...
 
 

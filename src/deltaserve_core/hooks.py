@@ -215,7 +215,9 @@ class HostHooks(Protocol):
         what it keeps: once the call returns, ``state`` is the caller's to change. A host that cannot apply every
         target module of ``state`` must refuse it by raising, never run with part of it. A state it cannot load at
         all (a rank above its ``max_lora_rank``, say) is refused the same way: by raising, never by logging the
-        error and keeping the previous weights (the core would train on rows it did not compute).
+        error and keeping the previous weights (the core would train on rows it did not compute). Client requests in
+        flight when it is called keep the weights they were submitted on: it changes the reserved adapter only, never
+        the adapter (or the adapter slot) of a client request.
         """
         ...
 
