@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.bench import STOCK, SYSTEMS, family
+from deltaserve_core.bench import CHILD_ENGINES, SYSTEMS, family
 from deltaserve_core.bench.lengths import LengthTable
 from deltaserve_core.bench.config import BenchConfig
 from deltaserve_core.bench.runner import run_bench
@@ -66,7 +66,8 @@ def bench_result(tiny_model: Path, dataset: Path, trace_file: Path,
 def test_every_system_serves_the_same_arrivals(bench_result: dict) -> None:
     s = bench_result["systems"]
     assert list(s) == bench_result["instances"]
-    assert {family(n) for n in s} == set(SYSTEMS) - set(STOCK)  # stock: the vLLM host only (test_bench_stock)
+    # stock and served: the vLLM host only (test_bench_stock, test_bench_served)
+    assert {family(n) for n in s} == set(SYSTEMS) - set(CHILD_ENGINES)
     for name, row in s.items():
         assert row["requests"] == 7, name
         assert row["inference_tokens_per_s"] > 0, name
