@@ -1895,9 +1895,25 @@ def _dtype_probe(host, vocab_size: int) -> dict:  # noqa: ANN001
             "delivered": sorted(delivered), "lent": lent}
 
 
-def _dtype_probe_child() -> None:
-    """Child-process entry of ``capabilities__dtypes_follow_the_engine_dtype``: start the host in another dtype, probe
-    it, print one marked JSON line (``stage`` says whether starting or probing failed)."""
+def second_host_command(env: ConformanceEnv, dtype: str, entry: str) -> tuple[list[str], dict[str, str]]:
+    """Command line and environment of a child process that runs ``entry`` (``module:function``) against a second
+    host of ``env``'s kind: the function reads, as JSON in ``sys.argv[1]``, the spec, device, options and checkpoint
+    cache of ``env``'s host and ``dtype``, and starts it with :func:`.plugin.build_env`. A second engine never runs in
+    the suite's own process (engines hold process-wide state: CUDA contexts, compile caches, plugin registrations)."""
+    import json
+    import os
+    import sys
+
+    config = env.config
+    args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": dtype,
+            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
+    module, _, func = entry.partition(":")
+    argv = [sys.executable, "-c", f"from {module} import {func}; {func}()", json.dumps(args)]
+    return argv, dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+
+
+def second_host_from_argv() -> ConformanceEnv:
+    """In the child of :func:`second_host_command`: start the host its JSON argument describes."""
     import json
     import sys
     from pathlib import Path
@@ -1905,9 +1921,17 @@ def _dtype_probe_child() -> None:
     from .plugin import build_env
 
     args = json.loads(sys.argv[1])
+    return build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
+                     cache_dir=Path(args["cache"]), validate=False)
+
+
+def _dtype_probe_child() -> None:
+    """Child-process entry of ``capabilities__dtypes_follow_the_engine_dtype``: start the host in another dtype, probe
+    it, print one marked JSON line (``stage`` says whether starting or probing failed)."""
+    import json
+
     try:
-        env = build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
-                        cache_dir=Path(args["cache"]), validate=False)
+        env = second_host_from_argv()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips with it
         print(_PROBE_MARK + json.dumps({"stage": "start", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return
@@ -1942,9 +1966,7 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
     backward's base from them). The suite's host runs float32, the fields' default, so a second host of the same
     kind is started in bfloat16 in a child process (no second engine in this process) and held to the same rule."""
     import json
-    import os
     import subprocess
-    import sys
 
     problems = _dtype_problems(_dtype_probe(env.host, env.vocab_size), env.dtype)
     if problems:
@@ -1957,14 +1979,10 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
         pytest.skip("capabilities__dtypes_follow_the_engine_dtype: the env does not say how its host was started "
                     "(ConformanceEnv.host_spec), so no bfloat16 host can be started to tell the declared dtype from "
                     "the float32 default")
-    config = env.config
-    args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": "bfloat16",
-            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    code = "from deltaserve_conformance.checks import _dtype_probe_child; _dtype_probe_child()"
+    argv, child_env = second_host_command(env, "bfloat16", "deltaserve_conformance.checks:_dtype_probe_child")
+    device = env.config.device if env.config else "cpu"
     try:
-        done = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                              timeout=300, env=child_env)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=child_env)
     except subprocess.TimeoutExpired as exc:
         raise _fail(env, "capabilities", "a bfloat16 host of the same kind did not start and serve one request "
                     "within 300 s") from exc
@@ -1976,7 +1994,7 @@ def check_capabilities__dtypes_follow_the_engine_dtype(env: ConformanceEnv) -> N
     found = json.loads(lines[-1][len(_PROBE_MARK):])
     if found["stage"] == "start":
         pytest.skip(f"capabilities__dtypes_follow_the_engine_dtype: {env.host_spec} cannot run bfloat16 on "
-                    f"{args['device']} ({found['error'][:300]}); only its {env.dtype} declaration was checked")
+                    f"{device} ({found['error'][:300]}); only its {env.dtype} declaration was checked")
     if found["stage"] == "probe":
         raise _fail(env, "capabilities", f"a bfloat16 host of the same kind started but failed to serve one request "
                     f"with a fine-tuning row: {found['error'][:500]}")

@@ -25,7 +25,15 @@ from pathlib import Path
 from deltaserve_core.driver import ClientRequest
 from deltaserve_core.types import FineTuneSample
 
-from .checks import _fail, _inject_into_first_idle, _inject_into_first_prefill, _needs_abort, check
+from .checks import (
+    _fail,
+    _inject_into_first_idle,
+    _inject_into_first_prefill,
+    _needs_abort,
+    check,
+    second_host_command,
+    second_host_from_argv,
+)
 from .harness import ConformanceEnv, Recorder, make_prompts, make_samples
 
 __all__ = ["LIFECYCLE_PROBES"]
@@ -150,14 +158,10 @@ LIFECYCLE_PROBES: list[tuple[str, Callable[[ConformanceEnv, dict], dict]]] = [
 
 def _lifecycle_child() -> None:
     """Child-process entry: start a host of the kind under test, run every probe, print one marked JSON line."""
-    from .plugin import build_env
-
-    args = json.loads(sys.argv[1])
     ctx: dict = {"_threads_before": {t.ident for t in threading.enumerate()},
                  "_procs_before": set(_live_descendants(os.getpid()))}
     try:
-        env = build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
-                        cache_dir=Path(args["cache"]), validate=False)
+        env = second_host_from_argv()
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which skips with it
         print(_MARK + json.dumps({"stage": "start", "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return
@@ -186,13 +190,9 @@ def _lifecycle_report(env: ConformanceEnv) -> dict:
     if not env.host_spec:
         pytest.skip("the env does not say how its host was started (ConformanceEnv.host_spec), so no second host of "
                     "its kind can be started to shut down")
-    config = env.config
-    args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": env.dtype,
-            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
-    child_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    code = "from deltaserve_conformance.checks_lifecycle import _lifecycle_child; _lifecycle_child()"
-    child = subprocess.Popen([sys.executable, "-c", code, json.dumps(args)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=child_env, start_new_session=True)
+    argv, child_env = second_host_command(env, env.dtype, "deltaserve_conformance.checks_lifecycle:_lifecycle_child")
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
+                             start_new_session=True)
     tail: list[str] = []
     reported = threading.Event()
     found: list[tuple[str, float]] = []
