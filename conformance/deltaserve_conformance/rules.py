@@ -258,6 +258,12 @@ RULES: tuple[Rule, ...] = (
     Rule("ClientOutput", "``arrival_time`` is when ``submit``", ("driver__client_output_times_follow_the_request",)),
     Rule("ClientOutput", "``token_times``, when given, holds exactly one time per token",
          ("driver__client_output_times_follow_the_request",)),
+    # --- reach, after blind batch 2026-12-05 (checks_reach.py, checks_lifecycle.py)
+    Rule("HostDriver.submit", "it never waits for the step to end",
+         ("driver__submit_from_another_thread_returns_while_a_step_runs",)),
+    Rule("HostDriver.shutdown", "it never keeps them referenced", ("driver__shutdown_releases_request_memory",)),
+    Rule("HostHooks.publish_adapter", "never serve the returned name without some of them",
+         ("publish_adapter__every_target_module_serves_or_is_refused",)),
 )
 
 

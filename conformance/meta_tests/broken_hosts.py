@@ -1797,6 +1797,206 @@ class ArrivalAtScheduleHost(ReferenceHost):
         return prefills, decodes, left
 
 
+# ------------------------------------------------------------------------------------------ reach (blind batch 2026-12-05)
+# The nine hosts that batch's suite missed, rewritten here: each breaks its rule only where a workload reaches past
+# what the fixed checks drove before (more requests than running slots, generate(), long outputs, a shape run again,
+# lm_head LoRA keys, a second thread, memory after shutdown).
+
+
+class SeqCapDropsRowsHost(_WrapsInterceptor):
+    """Counts every fine-tuning row as one engine sequence and silently drops the rows over max_running_requests
+    (the engine's add_request refused them and the adapter ignored it): neither run nor refused in the record."""
+
+    name = "broken-seq-cap-drops-rows"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class Capped(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = list(self.inner.on_schedule(batch))
+                return samples[:max(0, host.config.max_running_requests - len(batch.scheduled))]
+
+        return Capped(interceptor)
+
+
+class BulkGenerateNoArrivalHost(ReferenceHost):
+    """generate() queues its requests through the engine's bulk path, which never calls on_arrival (submit() does)."""
+
+    name = "broken-bulk-generate-no-arrival"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        from deltaserve_core.driver import check_client_adapter
+        from deltaserve_core.testing.reference_host import _Seq
+
+        for r in requests:
+            check_client_adapter(r, self._adapters)
+        now = time.monotonic()
+        with self._lock:
+            self._waiting.extend(_Seq(r, now) for r in requests)
+        wanted = {r.request_id for r in requests}
+        got: dict[str, ClientOutput] = {}
+        while len(got) < len(wanted):
+            got.update((o.request_id, o) for o in self.step() if o.request_id in wanted)
+        return [got[r.request_id] for r in requests]
+
+
+class SlotCappedWaitingHost(ReferenceHost):
+    """Lists in ProposedBatch.waiting only the queued requests that could still get a running slot: once every slot
+    is taken, the rest of the queue vanishes from the batch while their TTFT clocks run."""
+
+    name = "broken-slot-capped-waiting"
+
+    def _schedule(self):  # noqa: ANN202
+        prefills, decodes, left = super()._schedule()
+        return prefills, decodes, left[:max(0, self.config.max_running_requests - len(self._running) - len(prefills))]
+
+
+class WindowedFirstTokenTimeHost(ReferenceHost):
+    """Reads first_token_time from a window of the last 16 token times (bounded memory for long generations): past 16
+    tokens it moves forward with every step."""
+
+    name = "broken-windowed-first-token-time"
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        for seq in list(self._running):
+            seq.__class__ = _WindowedSeq
+        return super()._step(allow_idle, report_executed)
+
+
+def _windowed_view(self, prefill: bool):  # noqa: ANN001, ANN202
+    from deltaserve_core.types import ScheduledRequest
+
+    r, recent = self.request, self.token_times[-16:]
+    return ScheduledRequest(request_id=r.request_id, arrival_time=self.arrival_time,
+                            prefill_tokens=len(r.prompt_ids) if prefill else 0, context_tokens=self.context,
+                            output_tokens=len(self.output), first_token_time=recent[0] if recent else None,
+                            last_token_time=recent[-1] if recent else None, slo=r.slo)
+
+
+def _windowed_seq_class():  # noqa: ANN202
+    from deltaserve_core.testing.reference_host import _Seq
+
+    return type("_WindowedSeq", (_Seq,), {"view": _windowed_view})
+
+
+_WindowedSeq = _windowed_seq_class()
+
+
+class LazyGraphCaptureHost(ReferenceHost):
+    """Captures CUDA graphs lazily: the first decode-only step of a padded batch size (1, 2, 4, 8) runs eagerly and
+    captures, later ones replay. graph_mode mirrors the runner, so it agrees with every record, but its answer for one
+    shape changes over the host's life (EAGER before the capture, GRAPH after)."""
+
+    name = "broken-lazy-graph-capture"
+    _SIZES = (1, 2, 4, 8)
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(config)
+        self._capabilities = dataclasses.replace(self._capabilities,
+                                                 graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH}))
+        self._captured: set[int] = set()
+
+    def _padded(self, rows: int) -> int | None:
+        return next((size for size in self._SIZES if size >= rows), None)
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        if batch.scheduled and not batch.has_prefill and self._padded(batch.num_decode) in self._captured:
+            return ExecutionMode.GRAPH
+        return ExecutionMode.EAGER
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        decode_only = bool(rows) and all(r.seq is not None and r.past > 0 for r in rows)
+        size = self._padded(len(rows)) if decode_only and not synthetic else None
+        if size is None:
+            return super()._execute(step_id, rows, tokens, synthetic)
+        if size not in self._captured:  # this run captures: eager
+            self._captured.add(size)
+            return super()._execute(step_id, rows, tokens, synthetic)
+        sink, self._step_sink = self._step_sink, None
+        try:
+            record = dataclasses.replace(super()._execute(step_id, rows, tokens, synthetic), mode=ExecutionMode.GRAPH)
+        finally:
+            self._step_sink = sink
+        if sink is not None:
+            sink(record)
+        return record
+
+
+class SkipsLmHeadLoraHost(ReferenceHost):
+    """The LoRA loader skips keys it cannot map to a decoder-layer module (an lm_head LoRA) with a warning and serves
+    the rest, as engines' loaders long did for unsupported modules."""
+
+    name = "broken-skips-lm-head-lora"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        from deltaserve_core.adapter_state import parse_peft_key
+
+        kept = {}
+        for key, tensor in state.tensors.items():
+            try:
+                parse_peft_key(key)
+            except ValueError:
+                continue  # "module not supported for LoRA, skipped"
+            kept[key] = tensor
+        return super()._to_lora(dataclasses.replace(state, tensors=kept))
+
+
+class GenerateReturnsAllFinishedHost(ReferenceHost):
+    """generate() drains the engine and returns every output that finished meanwhile, ordered by submission: a request
+    submitted earlier with submit() that finishes during the call comes back too, ahead of the ones given."""
+
+    name = "broken-generate-returns-all"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        order = {s.request.request_id: i for i, s in enumerate(list(self._running) + list(self._waiting))}
+        for r in requests:
+            self.submit(r)
+            order.setdefault(r.request_id, len(order))
+        wanted = {r.request_id for r in requests}
+        got: dict[str, ClientOutput] = {}
+        while not wanted <= set(got):
+            got.update((o.request_id, o) for o in self.step())
+        return sorted(got.values(), key=lambda o: order.get(o.request_id, len(order)))
+
+
+class SubmitTakesStepLockHost(ReferenceHost):
+    """Guards its scheduler with one lock held for the whole engine step; submit() takes it too, so a request thread
+    that submits while a step runs waits for the step to end (the core cannot abort the step for it)."""
+
+    name = "broken-submit-takes-step-lock"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import threading
+
+        super().__init__(config)
+        self._engine_lock = threading.Lock()
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        with self._engine_lock:
+            return super()._step(allow_idle, report_executed)
+
+    def submit(self, request: ClientRequest) -> None:
+        with self._engine_lock:
+            super().submit(request)
+
+
+class ShutdownKeepsRequestsHost(ReferenceHost):
+    """shutdown() stops the engine loop but never tears down the scheduler: the pending requests, and their KV cache,
+    stay referenced for the life of the process."""
+
+    name = "broken-shutdown-keeps-requests"
+    _stopped = False
+
+    def shutdown(self) -> None:
+        self._stopped = True
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        if self._stopped:
+            return False if report_executed else []
+        return super()._step(allow_idle, report_executed)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1958,4 +2158,18 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                 "run_profile_step__synthetic_rows_never_reach_a_client",
                                 "intercept_schedule__reserved_adapter_variants_refused"),
     ArrivalAtScheduleHost: "driver__client_output_times_follow_the_request",
+    # reach: blind batch 2026-12-05's misses; the generated scenarios reach four of them as well
+    SeqCapDropsRowsHost: ("intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+                          "generated__scenarios_keep_every_invariant"),
+    BulkGenerateNoArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
+                                "generated__scenarios_keep_every_invariant"),
+    SlotCappedWaitingHost: ("intercept_schedule__batch_lists_every_unfinished_request",
+                            "generated__scenarios_keep_every_invariant"),
+    WindowedFirstTokenTimeHost: ("intercept_schedule__scheduled_request_token_times",
+                                 "generated__scenarios_keep_every_invariant"),
+    LazyGraphCaptureHost: "graph_mode__pure_function_of_shape",
+    SkipsLmHeadLoraHost: "publish_adapter__every_target_module_serves_or_is_refused",
+    GenerateReturnsAllFinishedHost: "driver__generate_returns_outputs_in_request_order",
+    SubmitTakesStepLockHost: "driver__submit_from_another_thread_returns_while_a_step_runs",
+    ShutdownKeepsRequestsHost: "driver__shutdown_releases_request_memory",
 }
