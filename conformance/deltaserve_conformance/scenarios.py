@@ -6,13 +6,19 @@ first, a step filled to the token budget, a publish or a second ``set_finetune_a
 flight. Two broad checks cover that space:
 
 - ``generated__scenarios_keep_every_invariant`` (as array-api-tests does): a scenario is a set of client requests
-  (lengths around KV-block and capture-size boundaries, staggered arrivals, up to the host's running-request cap)
-  and fine-tuning injections (row counts beyond two, any order, arbitrary ids, shared template prefixes, one step
-  filled to the host's token budget); every invariant is checked once it has run.
+  (lengths around KV-block and capture-size boundaries, outputs now and then past 16 and 32 tokens, staggered
+  arrivals, past the host's running-request cap, sent with ``submit`` or the first ones with ``generate``) and
+  fine-tuning injections (row counts beyond two, any order, arbitrary ids, shared template prefixes, one step filled
+  to the host's token budget, rows beside a step whose client rows take every running slot); every invariant is
+  checked once it has run.
 - ``stateful__interleaved_operations_keep_every_invariant`` (a ``RuleBasedStateMachine``, as zarr's stateful store
-  tests do): submits, steps with injections, fine-tuning-only steps with and without abort,
+  tests do): submits, ``generate`` calls, steps with injections, fine-tuning-only steps with and without abort,
   ``set_finetune_adapter`` with new weights, publishes and profile steps, in any order the contract allows, with the
   invariants checked after every rule.
+
+Besides what each step ran, the invariants keep plain bookkeeping over the requests submitted: on_arrival once per
+request whichever call sent it, every arrived and unfinished request listed in each offered batch, a request's
+``first_token_time`` never moving once set, ``generate`` returning one output per request in request order.
 
 Everything is judged against :class:`~.independent.IndependentModel` (transformers + PEFT), never against another
 path of the host. A failure names the invariant (the rule), what was expected and what happened, plus
