@@ -650,6 +650,11 @@ def _call_order_problems(rec: Recorder) -> list[str]:
                 problems.append(f"step {step} carried no fine-tuning rows but the activation sink got {sink_calls}")
             continue
         if "begin" not in kinds:
+            record = rec.record_for(step)
+            refused = (record is not None and not record.finetune_sample_ids and
+                       set(record.aborted_sample_ids) >= {s.sample_id for s in rec.injected[step]})
+            if refused and not any(k in ("layer", "poll", "end") for k in kinds):
+                continue  # every row refused in the record before the forward (past the running slots): none ran
             problems.append(f"step {step} carried fine-tuning rows but begin_step was never called")
             continue
         if kinds.count("begin") != 1:

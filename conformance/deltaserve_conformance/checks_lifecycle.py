@@ -385,6 +385,14 @@ def check_driver__shutdown_releases_request_memory(env: ConformanceEnv) -> None:
             raise _fail(env, "driver", f"the memory probe failed: {probe['error']}")
     grown = memory["held"] - memory["before"]
     kept = after["after"] - memory["before"]
+    if grown < _KEPT_FLOOR:
+        import pytest
+
+        # the requests' memory is not in tensors this process reaches (an engine in a worker process, a KV pool
+        # reserved at start-up): nothing here can say whether shutdown() releases it
+        pytest.skip(f"{_HELD_REQUESTS} pending requests grew the tensor memory this process reaches by "
+                    f"{grown / 2**20:.2f} MiB only (under {_KEPT_FLOOR / 2**20:.2f} MiB): their memory lives where "
+                    "this probe cannot see it, so its release after shutdown() was not checked")
     allowed = max(grown // 2, _KEPT_FLOOR)
     if kept > allowed:
         raise _fail(env, "driver", f"{_HELD_REQUESTS} pending client requests took {grown / 2**20:.2f} MiB of tensor "

@@ -214,8 +214,8 @@ class Invariants:
             if foreign:
                 raise self.fail("capture_activation", f"step {step}: expected captures only for fine-tuning rows "
                                 f"{sorted(want)}; also got ids {foreign}")
-            if step not in self.abort_at:
-                self._check_captures(step, injected, captured, num_layers)
+            if step not in self.abort_at:  # rows refused in the record (past the running slots) capture nothing
+                self._check_captures(step, [s for s in injected if s.sample_id in done], captured, num_layers)
         for step in {b.step_id for b in rec.batches if b.scheduled or b.step_id in rec.injected} - self._steps_done:
             later = [b.step_id for b in rec.batches if b.step_id > step and b.step_id in self._steps_done]
             if later:  # a step offered with requests, never reported, while later steps were
