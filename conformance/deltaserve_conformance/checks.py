@@ -20,7 +20,7 @@ from deltaserve_core.types import ExecutionMode, HostCapabilities, ProfileShape,
 
 from deltaserve_core.adapter_state import LoraAdapterState
 
-from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, digest, handed_copy, make_prompts, make_samples
+from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, batch_shape, digest, handed_copy, make_prompts, make_samples
 
 __all__ = ["Check", "CHECKS", "run_check"]
 
@@ -590,7 +590,8 @@ def check_capabilities__constant_for_the_host_lifetime(env: ConformanceEnv) -> N
 @check("intercept_schedule")
 def check_intercept_schedule__on_arrival_once_per_client_request(env: ConformanceEnv) -> None:
     """on_arrival is called once per client request, with its id, at submit time, before the request is scheduled,
-    and never for fine-tuning rows."""
+    and never for fine-tuning rows: for requests sent with ``submit`` and for those sent with ``generate`` (engines
+    often add a batch of requests through another path than a single one)."""
     rec = Recorder(inject=_inject_into_first_prefill(make_samples(env, 2, first_id=500, seed=50)))
     env.install(rec)
     requests = make_prompts(env, 4, seed=50, prefix="arrival")
@@ -603,10 +604,20 @@ def check_intercept_schedule__on_arrival_once_per_client_request(env: Conformanc
         if i % 2:  # arrivals between steps too, not only before the first one
             outputs.extend(env.host.step())  # type: ignore[attr-defined]
     outputs.extend(env.run_stepwise([]))
+    # generate() accepts its requests when called: each arrival lies within the call (and before its scheduling,
+    # checked below with the submitted ones)
+    generated = make_prompts(env, 3, seed=51, max_tokens=3, prefix="arrival-generate")
+    before = time.monotonic()
+    env.run(generated)
+    windows.update((r.request_id, (before, time.monotonic())) for r in generated)
     got = [rid for rid, _ in rec.arrivals]
-    want = [r.request_id for r in requests]
+    want = [r.request_id for r in requests + generated]
     if sorted(got) != sorted(want):
-        raise _fail(env, "intercept_schedule", f"expected on_arrival once for each of {want}; it was called for {got}")
+        missing = sorted(set(want) - set(got))
+        via = sorted({"generate()" if m.startswith("arrival-generate") else "submit()" for m in missing})
+        raise _fail(env, "intercept_schedule", f"expected on_arrival once for each of {want} (the first 4 sent with "
+                    f"submit(), the last 3 with generate()); it was called for {got}"
+                    + (f": none for {missing}, sent with {' and '.join(via)}" if missing else ""))
     for rid, t in rec.arrivals:
         lo, hi = windows[rid]
         if not lo - 1e-3 <= t <= hi + 1e-3:
@@ -639,6 +650,11 @@ def _call_order_problems(rec: Recorder) -> list[str]:
                 problems.append(f"step {step} carried no fine-tuning rows but the activation sink got {sink_calls}")
             continue
         if "begin" not in kinds:
+            record = rec.record_for(step)
+            refused = (record is not None and not record.finetune_sample_ids and
+                       set(record.aborted_sample_ids) >= {s.sample_id for s in rec.injected[step]})
+            if refused and not any(k in ("layer", "poll", "end") for k in kinds):
+                continue  # every row refused in the record before the forward (past the running slots): none ran
             problems.append(f"step {step} carried fine-tuning rows but begin_step was never called")
             continue
         if kinds.count("begin") != 1:
@@ -911,7 +927,7 @@ def check_intercept_schedule__finetune_rows_read_no_prefix_cache(env: Conformanc
                         "reported shorter, or not at all)")
     problems = _capture_problems(env, rec, samples, env.finetune_state)
     if problems:
-        raise _fail(env, "intercept_schedule", "fine-tuning samples sharing a 40-token prefix with client prompts "
+        raise _fail(env, "intercept_schedule", f"fine-tuning samples sharing a {PREFIX_SPAN}-token prefix with client prompts "
                     "must be computed whole, without prefix-cache reads; " + "; ".join(problems[:3]))
 
 
@@ -975,15 +991,42 @@ def check_intercept_schedule__client_outputs_match_independent_model(env: Confor
 @check("graph_mode")
 def check_graph_mode__pure_function_of_shape(env: ConformanceEnv) -> None:
     """graph_mode() answers from the batch's shape only: the same for the same shape under other ids and times,
-    whatever the host ran before."""
+    whatever the host ran before; the same when the shape runs again (a graph captured lazily the first time a shape
+    runs changes the answer after it); and, for the first offer of every shape any earlier check made, the mode it
+    proposed then is still graph_mode's answer now."""
     import dataclasses
 
+    # The same workload three times (other tokens, same lengths): every shape of the first run recurs, from its first
+    # run on this host (fresh lengths) to runs after it was run before.
+    seen: dict[tuple, list[tuple[int, int, ExecutionMode]]] = {}
+    for run in range(3):
+        again_rec = Recorder()
+        env.install(again_rec)
+        env.run(make_prompts(env, 6, seed=17, max_tokens=7, prefix=f"shape-again-{run}", token_salt=run))
+        for b in again_rec.batches:
+            if b.scheduled:
+                seen.setdefault(batch_shape(b), []).append((run, b.step_id, b.mode))
+    changed = {shape: runs for shape, runs in seen.items() if len({m for _, _, m in runs}) > 1}
+    if changed:
+        shape, runs = next(iter(changed.items()))
+        raise _fail(env, "graph_mode", f"one workload run 3 times proposed the same batch shape (prefill tokens, "
+                    f"context) per row {shape} in other modes: " + ", ".join(f"run {r} step {s}: {m.value}"
+                                                                           for r, s, m in runs)
+                    + f"; expected one mode per shape ({len(changed)} shape(s) differ)")
     rec = Recorder()
     env.install(rec)
     env.run(make_prompts(env, 5, seed=18, max_tokens=5))
     batches = [b for b in rec.batches if b.scheduled]
     answers = [env.host.graph_mode(b) for b in batches]  # type: ignore[attr-defined]
     env.run(make_prompts(env, 3, seed=19, max_tokens=3))  # other steps in between
+    drifted = [(b, env.host.graph_mode(b)) for b in env.ledger.first.values()]  # type: ignore[attr-defined]
+    drifted = [(b, now) for b, now in drifted if now is not b.mode]
+    if drifted:
+        b, now = drifted[0]
+        raise _fail(env, "graph_mode", f"step {b.step_id} (shape {batch_shape(b)}) was proposed in "
+                    f"{b.mode.value} when it was offered, earlier in this run; graph_mode() now says {now.value} for "
+                    f"that very batch ({len(drifted)} of the {len(env.ledger.first)} first offers per shape differ); "
+                    "expected a pure function of the shape")
     for b, first in zip(batches, answers):
         twin = dataclasses.replace(
             b, step_id=b.step_id + 10_000, now=b.now + 123.0,
@@ -1104,24 +1147,44 @@ def _budget_filling_prompts(env: ConformanceEnv, seed: int) -> tuple[list[Client
 
 @check("intercept_schedule")
 def check_intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step(env: ConformanceEnv) -> None:
-    """Fine-tuning rows that do not fit what the step's client rows left of the token budget either join that
-    step or are refused in its record; a host never carries them over to a later step."""
+    """Fine-tuning rows that do not fit what the step's client rows left of the token budget, or that come on top of
+    a step whose client rows take every running-request slot (an engine that counts each row as a sequence), either
+    join that step or are refused in its record; a host never carries them over to a later step, nor drops them."""
     budget = env.config.max_batch_tokens if env.config is not None else 2048
     prompts, each = _budget_filling_prompts(env, 91)
     samples = make_samples(env, 2, lengths=[each, each], seed=91, first_id=2100)
-    rec = Recorder(inject=_inject_into_first_prefill(samples))
+    over_budget = f"{2 * each} tokens, over what the step's client rows left of max_batch_tokens={budget}"
+    _rows_placed_in_their_step(env, prompts, samples, over_budget)
+    cap = env.config.max_running_requests if env.config is not None else 32
+    crowd = make_prompts(env, cap + 2, seed=92, max_tokens=2, adapter_every=0, prefix="slots")
+    samples = make_samples(env, 3, lengths=[6, 9, 5], seed=92, first_id=2200)
+    _rows_placed_in_their_step(env, crowd, samples, f"injected beside {cap + 2} client requests, more than "
+                               f"max_running_requests={cap}", full=cap)
+
+
+def _rows_placed_in_their_step(env: ConformanceEnv, prompts: list[ClientRequest], samples, why: str,  # noqa: ANN001
+                               full: int = 0) -> None:
+    """Serve ``prompts`` with ``samples`` injected into the first prefill step (with ``full``: the first one that
+    schedules ``full`` client rows) and require the records to place every sample in that step, run or refused."""
+    def inject(batch: ProposedBatch):  # noqa: ANN202
+        if not rec.injected and batch.has_prefill and len(batch.scheduled) >= full:
+            return samples
+        return ()
+
+    rec = Recorder(inject=inject)
     env.install(rec)
     env.run(prompts)
     if not rec.injected:
-        raise _fail(env, "intercept_schedule", "no step with prefill was offered to on_schedule")
+        raise _fail(env, "intercept_schedule", "no step with prefill" + (f" and {full} scheduled client rows" if full
+                                                                            else "") + " was offered to on_schedule")
     (step_id, injected), = rec.injected.items()
     want = sorted(s.sample_id for s in injected)
     placed = {r.step_id: sorted(set(r.finetune_sample_ids) | set(r.aborted_sample_ids)) for r in rec.real_records()
               if set(r.finetune_sample_ids) & set(want) or set(r.aborted_sample_ids) & set(want)}
     if placed != {step_id: want}:
-        raise _fail(env, "intercept_schedule", f"samples {want} ({2 * each} tokens, over what step {step_id}'s client "
-                    f"rows left of max_batch_tokens={budget}) were returned for step {step_id}; the records place them "
-                    f"as {placed}: run them in that step or refuse them there (aborted_sample_ids), never later")
+        raise _fail(env, "intercept_schedule", f"samples {want} ({why}) were returned for step {step_id}; the records "
+                    f"place them as {placed}: run them in that step or refuse them there (aborted_sample_ids), never "
+                    "later, never dropped")
 
 
 @check("intercept_schedule")
@@ -1591,6 +1654,40 @@ def check_intercept_schedule__batch_lists_every_unfinished_request(env: Conforma
                         f"{first.request_id!r} is still decoding, yet {first.request_id!r} is neither scheduled nor "
                         f"waiting (waiting: {sorted(r.request_id for r in b.waiting)}); expected a deferred decode "
                         "in ProposedBatch.waiting")
+    # More client requests than running-request slots: the ones queued behind full slots are still arrived and
+    # unfinished (their TTFT clocks run), so every offer lists them too.
+    cap = env.config.max_running_requests if env.config is not None else 32
+    crowd = make_prompts(env, cap + 4, seed=44, max_tokens=3, adapter_every=0, prefix="over-cap")
+    rec = Recorder()
+    env.install(rec)
+    env.run_stepwise(crowd)
+    problems = unlisted_requests(rec, {r.request_id for r in crowd})
+    if problems:
+        raise _fail(env, "intercept_schedule", f"{len(crowd)} requests submitted at once to a host with "
+                    f"max_running_requests={cap}: every offer must list each arrived, unfinished request in scheduled "
+                    "or waiting; " + "; ".join(problems[:3]))
+
+
+def unlisted_requests(rec: Recorder, ids: set[str]) -> list[str]:
+    """Offers that leave out a request of ``ids`` the host had been told of and had not finished.
+
+    The proof of "not finished" is the host's own: a later offer lists the request again. "Arrived" means on_arrival
+    came before the offer *before* this one, so a host that hands arrivals to its scheduler a step late (a request
+    queue between threads or processes) is not blamed for that step."""
+    listed = [{r.request_id for r in b.scheduled + b.waiting} & ids for b in rec.batches]
+    last_listed: dict[str, int] = {}
+    for i, names in enumerate(listed):
+        for rid in names:
+            last_listed[rid] = i
+    problems = []
+    for i, (b, names) in enumerate(zip(rec.batches, listed)):
+        left_out = sorted(rid for rid, last in last_listed.items() if last > i and rid not in names
+                          and rec.arrived_before_batch.get(rid, len(rec.batches)) < i)
+        if left_out:
+            problems.append(f"step {b.step_id} lists {len(b.scheduled)} scheduled and {len(b.waiting)} waiting but "
+                            f"not {left_out[:4]}{' ...' if len(left_out) > 4 else ''} ({len(left_out)} arrived "
+                            "requests a later step lists again)")
+    return problems
 
 
 def _token_times_and_steps(rec: Recorder, requests) -> tuple[dict[tuple[str, int], float], dict[str, list[int]]]:  # noqa: ANN001
@@ -1698,6 +1795,21 @@ def check_driver__generate_returns_outputs_in_request_order(env: ConformanceEnv)
     if got != want:
         raise _fail(env, "driver", f"generate() for {want} (max_tokens 5, 3, 1: they finish last to first) returned "
                     f"outputs for {got}; expected exactly one output per request, in request order")
+    # A request submitted earlier (a server's traffic) that finishes while generate() runs is not generate()'s: it
+    # returns one output per request it was given, never the earlier one's as well.
+    earlier, *given = make_prompts(env, 3, seed=33, adapter_every=0, prefix="order-beside")
+    earlier = dataclasses.replace(earlier, max_tokens=2)
+    given = [dataclasses.replace(r, max_tokens=4) for r in given]
+    env.host.submit(earlier)  # type: ignore[attr-defined]
+    env.host.step()  # type: ignore[attr-defined]  # its prefill: it finishes during the generate() call below
+    outputs = env.run(given)
+    env.run_stepwise([])
+    got = [o.request_id for o in outputs]
+    want = [r.request_id for r in given]
+    if got != want:
+        raise _fail(env, "driver", f"generate() for {want}, called while {earlier.request_id!r} (submitted earlier with "
+                    f"submit(), 1 token to go) was unfinished, returned outputs for {got}; expected exactly one output "
+                    "per request it was given, in request order")
 
 
 def _scheduled_views(env: ConformanceEnv, seed: int, slos: tuple = (None,) * 3):  # noqa: ANN001, ANN202
@@ -1709,8 +1821,9 @@ def _scheduled_views(env: ConformanceEnv, seed: int, slos: tuple = (None,) * 3):
     scheduler; a host with a step in flight may not know the latest one yet)."""
     import dataclasses
 
-    requests = [dataclasses.replace(r, slo=slo) for r, slo in
-                zip(make_prompts(env, 3, seed=seed, max_tokens=4, prefix="view"), slos)]
+    # one short, one past 16 tokens and one past 32 (scheduler-side windows of recent tokens are 16 or 32 long)
+    requests = [dataclasses.replace(r, slo=slo, max_tokens=n) for r, slo, n in
+                zip(make_prompts(env, 3, seed=seed, max_tokens=4, prefix="view"), slos, (4, 18, 40))]
     rec = Recorder()
     env.install(rec)
     outputs = {o.request_id: o for o in env.run(requests)}
@@ -2008,4 +2121,5 @@ from . import checks_bookkeeping as _bookkeeping  # noqa: E402,F401
 from . import checks_interleaving as _interleaving  # noqa: E402,F401
 from . import checks_lifecycle as _lifecycle  # noqa: E402,F401
 from . import checks_audit as _audit  # noqa: E402,F401
+from . import checks_reach as _reach  # noqa: E402,F401
 from . import scenarios as _scenarios  # noqa: E402,F401

@@ -23,7 +23,8 @@ from deltaserve_core.types import FineTuneSample, ProposedBatch, StepRecord
 
 from .independent import IndependentModel
 
-__all__ = ["PROFILES", "Profile", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts", "make_samples"]
+__all__ = ["PROFILES", "Profile", "OfferLedger", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts",
+           "make_samples"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,28 @@ def digest(obj: object) -> str:
     return hashlib.sha256(pickle.dumps(obj, protocol=4)).hexdigest()
 
 
+def batch_shape(batch: ProposedBatch) -> tuple[tuple[int, int], ...]:
+    """What ``graph_mode`` may answer from: the (prefill tokens, KV context) of every scheduled row, ids and times
+    left out."""
+    return tuple(sorted((r.prefill_tokens, r.context_tokens) for r in batch.scheduled))
+
+
+@dataclass
+class OfferLedger:
+    """The first batch of every shape offered to any recorder of a session, kept for the whole run.
+
+    A host's answer for a shape can change the first time the shape runs (a CUDA graph captured lazily): by the time a
+    check about graph modes runs, earlier checks have run every common shape, and only these first offers still show
+    what the host said before. ``limit`` bounds the memory a long run can take."""
+
+    limit: int = 512
+    first: dict[tuple[tuple[int, int], ...], ProposedBatch] = field(default_factory=dict)
+
+    def note(self, batch: ProposedBatch) -> None:
+        if batch.scheduled and len(self.first) < self.limit:
+            self.first.setdefault(batch_shape(batch), batch)
+
+
 @dataclass
 class Recorder:
     """Implements ScheduleInterceptor, ActivationSink and StepSink at once, recording every call.
@@ -88,11 +111,15 @@ class Recorder:
     #: step_id -> (digest of the ProposedBatch when offered, the batch object, the list handed back)
     offered: dict[int, tuple[str, ProposedBatch, list[FineTuneSample], tuple[FineTuneSample, ...]]] = \
         field(default_factory=dict)
+    #: the session's ledger of first offers per shape (set by :meth:`ConformanceEnv.install`)
+    ledger: OfferLedger | None = None
 
     # ScheduleInterceptor
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
         self.events.append(("schedule", batch.step_id))
         self.batches.append(batch)
+        if self.ledger is not None:
+            self.ledger.note(batch)
         samples = list(self.inject(batch))
         if samples:
             self.injected[batch.step_id] = tuple(samples)
@@ -164,6 +191,8 @@ class ConformanceEnv:
     #: what the host was started from (``module:factory`` or a registered name), so a check can start another one
     #: of the same kind in a child process (``capabilities__dtypes_follow_the_engine_dtype``); empty when unknown
     host_spec: str = ""
+    #: first offer of every batch shape any check's recorder saw (``graph_mode__pure_function_of_shape`` reads it)
+    ledger: OfferLedger = field(default_factory=OfferLedger)
     _independent: IndependentModel | None = field(default=None, repr=False)
 
     @property
@@ -177,6 +206,8 @@ class ConformanceEnv:
 
     def install(self, recorder: Recorder | None) -> None:
         """Install ``recorder`` on all three hooks (``None`` removes them)."""
+        if isinstance(recorder, Recorder) and recorder.ledger is None:
+            recorder.ledger = self.ledger
         self.host.intercept_schedule(recorder)  # type: ignore[attr-defined]
         self.host.capture_activation(recorder)  # type: ignore[attr-defined]
         self.host.report_step_time(recorder)  # type: ignore[attr-defined]

@@ -6,13 +6,19 @@ first, a step filled to the token budget, a publish or a second ``set_finetune_a
 flight. Two broad checks cover that space:
 
 - ``generated__scenarios_keep_every_invariant`` (as array-api-tests does): a scenario is a set of client requests
-  (lengths around KV-block and capture-size boundaries, staggered arrivals, up to the host's running-request cap)
-  and fine-tuning injections (row counts beyond two, any order, arbitrary ids, shared template prefixes, one step
-  filled to the host's token budget); every invariant is checked once it has run.
+  (lengths around KV-block and capture-size boundaries, outputs now and then past 16 and 32 tokens, staggered
+  arrivals, past the host's running-request cap, sent with ``submit`` or the first ones with ``generate``) and
+  fine-tuning injections (row counts beyond two, any order, arbitrary ids, shared template prefixes, one step filled
+  to the host's token budget, rows beside a step whose client rows take every running slot); every invariant is
+  checked once it has run.
 - ``stateful__interleaved_operations_keep_every_invariant`` (a ``RuleBasedStateMachine``, as zarr's stateful store
-  tests do): submits, steps with injections, fine-tuning-only steps with and without abort,
+  tests do): submits, ``generate`` calls, steps with injections, fine-tuning-only steps with and without abort,
   ``set_finetune_adapter`` with new weights, publishes and profile steps, in any order the contract allows, with the
   invariants checked after every rule.
+
+Besides what each step ran, the invariants keep plain bookkeeping over the requests submitted: on_arrival once per
+request whichever call sent it, every arrived and unfinished request listed in each offered batch, a request's
+``first_token_time`` never moving once set, ``generate`` returning one output per request in request order.
 
 Everything is judged against :class:`~.independent.IndependentModel` (transformers + PEFT), never against another
 path of the host. A failure names the invariant (the rule), what was expected and what happened, plus
@@ -32,7 +38,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientOutput, ClientRequest
 from deltaserve_core.types import ExecutionMode, FineTuneSample, HostCapabilities, ProfileShape, ProposedBatch
 
-from .checks import RuleViolation, _call_order_problems, _fail, check
+from .checks import RuleViolation, _call_order_problems, _fail, check, unlisted_requests
 from .harness import PROFILES, ConformanceEnv, Recorder, handed_copy
 
 __all__ = ["Scenario", "Invariants"]
@@ -89,8 +95,11 @@ class Invariants:
     #: request id -> (request, candidate weights: every version its adapter name held while it ran)
     submitted: dict[str, tuple[ClientRequest, list[Any]]] = field(default_factory=dict)
     outputs: dict[str, ClientOutput] = field(default_factory=dict)
+    #: request id -> (first_token_time first offered, that step)
+    first_token_times: dict[str, tuple[float, int]] = field(default_factory=dict)
     _records_done: int = 0
     _steps_done: set[int] = field(default_factory=set)
+    _first_times_done: int = 0
 
     def fail(self, hook: str, message: str) -> AssertionError:
         return _fail(self.env, hook, message)
@@ -177,6 +186,14 @@ class Invariants:
                 # besides the reserved one, a host may refuse the samples, but only all of them and reported as
                 # aborted (back to the core's pool), never silently (vLLM's max_loras)
                 pass
+            elif len(batch.scheduled) + len(want) > _limits(env)[1]:
+                # rows beyond the running-request slots (an engine that counts each row as a sequence) may be refused,
+                # but in this step's record: each one run whole or refused, none dropped, none carried on
+                if set(done) | aborted != set(want) or set(done) & aborted or any(want[s] != n for s, n in done.items()):
+                    raise self.fail("intercept_schedule", f"step {step}: injected fine-tuning rows (id: tokens) {want} "
+                                    f"beside {len(batch.scheduled)} client rows, over max_running_requests="
+                                    f"{_limits(env)[1]}; expected each run whole or refused (aborted_sample_ids) in "
+                                    f"that step, the record lists completed {done}, aborted {sorted(aborted)}")
             elif done != want or aborted:
                 raise self.fail("intercept_schedule", f"step {step}: injected fine-tuning rows (id: tokens) {want} "
                                 f"within the host's caps; expected all run whole in that step, the record lists "
@@ -197,8 +214,8 @@ class Invariants:
             if foreign:
                 raise self.fail("capture_activation", f"step {step}: expected captures only for fine-tuning rows "
                                 f"{sorted(want)}; also got ids {foreign}")
-            if step not in self.abort_at:
-                self._check_captures(step, injected, captured, num_layers)
+            if step not in self.abort_at:  # rows refused in the record (past the running slots) capture nothing
+                self._check_captures(step, [s for s in injected if s.sample_id in done], captured, num_layers)
         for step in {b.step_id for b in rec.batches if b.scheduled or b.step_id in rec.injected} - self._steps_done:
             later = [b.step_id for b in rec.batches if b.step_id > step and b.step_id in self._steps_done]
             if later:  # a step offered with requests, never reported, while later steps were
@@ -208,6 +225,26 @@ class Invariants:
         if problems:
             raise self.fail("capture_activation", "expected on_schedule → begin_step → layer inputs → end_step → "
                             "record per step; " + "; ".join(problems[:3]))
+        self._check_bookkeeping()
+
+    def _check_bookkeeping(self) -> None:
+        """Plain bookkeeping over the client requests submitted: every offer lists each arrived, unfinished one; a
+        request's first_token_time never moves once set."""
+        rec = self.rec
+        unlisted = unlisted_requests(rec, set(self.submitted))
+        if unlisted:
+            raise self.fail("intercept_schedule", "expected every arrived, unfinished client request in each offered "
+                            "batch (scheduled or waiting); " + "; ".join(unlisted[:3]))
+        for b in rec.batches[self._first_times_done:]:
+            for r in b.scheduled + b.waiting:
+                if r.first_token_time is None or r.request_id not in self.submitted:
+                    continue
+                known = self.first_token_times.setdefault(r.request_id, (r.first_token_time, b.step_id))
+                if abs(known[0] - r.first_token_time) > 1e-9:
+                    raise self.fail("intercept_schedule", f"request {r.request_id!r}: first_token_time was "
+                                    f"{known[0]:.6f} in step {known[1]} and is {r.first_token_time:.6f} in step "
+                                    f"{b.step_id} ({r.output_tokens} tokens out); expected it never to change once set")
+        self._first_times_done = len(rec.batches)
 
     def _check_captures(self, step: int, injected: Sequence[FineTuneSample], captured: list, num_layers: int) -> None:
         env = self.env
@@ -248,12 +285,16 @@ class Scenario:
     fill: float = 0.0
     fill_rows: int = 1
     seed: int = 0
+    #: send the requests due before the first step through ``generate()`` (the rest through ``submit()``)
+    generate: bool = False
 
 
 def _scenarios(max_requests: int):  # noqa: ANN202
     from hypothesis import strategies as st
 
-    request = st.tuples(_lengths(1, 80), st.integers(1, 6), st.booleans(), st.integers(0, 3))
+    # outputs past 16 and 32 tokens now and then: scheduler-side windows of recent token times are that long
+    new_tokens = st.one_of(st.integers(1, 6), st.integers(1, 6), st.sampled_from((17, 33, 40)))
+    request = st.tuples(_lengths(1, 80), new_tokens, st.booleans(), st.integers(0, 3))
     return st.builds(
         Scenario,
         requests=st.lists(request, min_size=1, max_size=max_requests).map(tuple),
@@ -262,6 +303,7 @@ def _scenarios(max_requests: int):  # noqa: ANN202
         fill=st.sampled_from((0.0, 0.0, 0.5, 0.9, 1.0)),
         fill_rows=st.integers(1, 8),
         seed=st.integers(0, 2**31 - 1),
+        generate=st.booleans(),
     )
 
 
@@ -305,7 +347,8 @@ def _play(env: ConformanceEnv, sc: Scenario) -> None:
             return []
         lengths = list(plan.pop(0))
         room = min(caps.max_finetune_tokens_per_step, max_tokens - sum(batch.prefill_lengths) - batch.num_decode)
-        rows = max_running - len(batch.scheduled)
+        # up to 3 rows past the running-request slots: only the token budget is a cap the core keeps
+        rows = max(0, max_running - len(batch.scheduled)) + 3
         if sc.fill and len(plan) == len(sc.injections) - 1:
             total = int(room * sc.fill)
             k = max(1, min(sc.fill_rows, total // 2, rows), -(-total // longest))
@@ -332,6 +375,16 @@ def _play(env: ConformanceEnv, sc: Scenario) -> None:
     env.install(rec)
     try:
         steps = 0
+        if sc.generate:
+            batch = [r for at, r in requests if at <= 0]
+            for r in batch:
+                inv.submitted[r.request_id] = (r, [_weights_of(env, r.adapter)])
+            outputs = env.host.generate(batch) if batch else []  # type: ignore[attr-defined]
+            if [o.request_id for o in outputs] != [r.request_id for r in batch]:
+                raise inv.fail("driver", f"generate() for {[r.request_id for r in batch]} returned outputs for "
+                               f"{[o.request_id for o in outputs]}; expected exactly one per request, in request order")
+            inv.take_outputs(outputs)
+            steps = 1
         while True:
             due = [r for at, r in requests if at <= steps and r.request_id not in inv.submitted]
             if not due and not env.host.has_unfinished():  # type: ignore[attr-defined]
@@ -380,6 +433,9 @@ def check_generated__scenarios_keep_every_invariant(env: ConformanceEnv) -> None
                       injections=((9, 3, 17),), seed=1))
     @example(Scenario(requests=((33, 4, False, 0), (16, 5, True, 0), (70, 2, False, 1)),
                       injections=((40, 2, 17, 5), (16, 33)), template=17, fill=1.0, fill_rows=5, seed=2))
+    # more requests than running slots, sent with generate(), rows beside a full step, outputs past 32 tokens
+    @example(Scenario(requests=tuple((4 + i % 9, 34 if i % 4 == 0 else 3, i % 3 == 0, 0) for i in range(max_running + 4)),
+                      injections=((6, 9, 5), (12,), (7, 7)), seed=3, generate=True))
     @given(_scenarios(most))
     def scenario(sc: Scenario) -> None:
         _play(env, sc)
@@ -434,7 +490,7 @@ def _machine(env: ConformanceEnv):  # noqa: ANN202, C901 - the machine is one un
             if not caps.mixed_batches and batch.scheduled and not batch.has_prefill:
                 return []
             room = min(caps.max_finetune_tokens_per_step, max_tokens - sum(batch.prefill_lengths) - batch.num_decode)
-            rows = max_running - len(batch.scheduled)
+            rows = max(0, max_running - len(batch.scheduled)) + 2  # past the slots too: refusals are judged
             out = []
             for i, n in enumerate(lengths):
                 if n > room or len(out) >= rows:
@@ -477,6 +533,29 @@ def _machine(env: ConformanceEnv):  # noqa: ANN202, C901 - the machine is one un
             first = len(self.names[name]) - 1 if published else 0
             self.requests[r.request_id] = (r, name if published else None, first)
             self.inv.submitted[r.request_id] = (r, [self.names[name][-1]] if published else [_weights_of(env, name)])
+
+        @precondition(lambda self: not self._unfinished())
+        @rule(lengths=st.lists(_lengths(1, 40), min_size=1, max_size=3), new_tokens=st.sampled_from((2, 5, 17, 33)),
+              adapter=st.sampled_from(("base", "client", "published")), ft=st.lists(_lengths(2, 30), max_size=2))
+        def generate(self, lengths: list[int], new_tokens: int, adapter: str, ft: list[int]) -> None:
+            name = {"base": None, "client": env.client_adapter, "published": self.latest}[adapter]
+            published = name is not None and name in self.names
+            batch = []
+            for n in lengths:
+                self.count += 1
+                r = ClientRequest(f"sm-{self.run}-{self.count}", _tokens(self.rng, n, env.vocab_size), new_tokens,
+                                  adapter=name)
+                self.requests[r.request_id] = (r, name if published else None,
+                                               len(self.names[name]) - 1 if published else 0)
+                self.inv.submitted[r.request_id] = (r, [self.names[name][-1]] if published
+                                                    else [_weights_of(env, name)])
+                batch.append(r)
+            self.pending = list(ft)
+            outputs = env.host.generate(batch)  # type: ignore[attr-defined]
+            if [o.request_id for o in outputs] != [r.request_id for r in batch]:
+                raise self.inv.fail("driver", f"generate() for {[r.request_id for r in batch]} returned outputs for "
+                                    f"{[o.request_id for o in outputs]}; expected one per request, in request order")
+            self._collect(outputs)
 
         @precondition(lambda self: self._unfinished())
         @rule(lengths=st.lists(_lengths(2, 60), min_size=1, max_size=5))

@@ -1797,6 +1797,206 @@ class ArrivalAtScheduleHost(ReferenceHost):
         return prefills, decodes, left
 
 
+# ------------------------------------------------------------------------------------------ reach (blind batch 2026-12-05)
+# The nine hosts that batch's suite missed, rewritten here: each breaks its rule only where a workload reaches past
+# what the fixed checks drove before (more requests than running slots, generate(), long outputs, a shape run again,
+# lm_head LoRA keys, a second thread, memory after shutdown).
+
+
+class SeqCapDropsRowsHost(_WrapsInterceptor):
+    """Counts every fine-tuning row as one engine sequence and silently drops the rows over max_running_requests
+    (the engine's add_request refused them and the adapter ignored it): neither run nor refused in the record."""
+
+    name = "broken-seq-cap-drops-rows"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        host = self
+
+        class Capped(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                samples = list(self.inner.on_schedule(batch))
+                return samples[:max(0, host.config.max_running_requests - len(batch.scheduled))]
+
+        return Capped(interceptor)
+
+
+class BulkGenerateNoArrivalHost(ReferenceHost):
+    """generate() queues its requests through the engine's bulk path, which never calls on_arrival (submit() does)."""
+
+    name = "broken-bulk-generate-no-arrival"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        from deltaserve_core.driver import check_client_adapter
+        from deltaserve_core.testing.reference_host import _Seq
+
+        for r in requests:
+            check_client_adapter(r, self._adapters)
+        now = time.monotonic()
+        with self._lock:
+            self._waiting.extend(_Seq(r, now) for r in requests)
+        wanted = {r.request_id for r in requests}
+        got: dict[str, ClientOutput] = {}
+        while len(got) < len(wanted):
+            got.update((o.request_id, o) for o in self.step() if o.request_id in wanted)
+        return [got[r.request_id] for r in requests]
+
+
+class SlotCappedWaitingHost(ReferenceHost):
+    """Lists in ProposedBatch.waiting only the queued requests that could still get a running slot: once every slot
+    is taken, the rest of the queue vanishes from the batch while their TTFT clocks run."""
+
+    name = "broken-slot-capped-waiting"
+
+    def _schedule(self):  # noqa: ANN202
+        prefills, decodes, left = super()._schedule()
+        return prefills, decodes, left[:max(0, self.config.max_running_requests - len(self._running) - len(prefills))]
+
+
+class WindowedFirstTokenTimeHost(ReferenceHost):
+    """Reads first_token_time from a window of the last 16 token times (bounded memory for long generations): past 16
+    tokens it moves forward with every step."""
+
+    name = "broken-windowed-first-token-time"
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        for seq in list(self._running):
+            seq.__class__ = _WindowedSeq
+        return super()._step(allow_idle, report_executed)
+
+
+def _windowed_view(self, prefill: bool):  # noqa: ANN001, ANN202
+    from deltaserve_core.types import ScheduledRequest
+
+    r, recent = self.request, self.token_times[-16:]
+    return ScheduledRequest(request_id=r.request_id, arrival_time=self.arrival_time,
+                            prefill_tokens=len(r.prompt_ids) if prefill else 0, context_tokens=self.context,
+                            output_tokens=len(self.output), first_token_time=recent[0] if recent else None,
+                            last_token_time=recent[-1] if recent else None, slo=r.slo)
+
+
+def _windowed_seq_class():  # noqa: ANN202
+    from deltaserve_core.testing.reference_host import _Seq
+
+    return type("_WindowedSeq", (_Seq,), {"view": _windowed_view})
+
+
+_WindowedSeq = _windowed_seq_class()
+
+
+class LazyGraphCaptureHost(ReferenceHost):
+    """Captures CUDA graphs lazily: the first decode-only step of a padded batch size (1, 2, 4, 8) runs eagerly and
+    captures, later ones replay. graph_mode mirrors the runner, so it agrees with every record, but its answer for one
+    shape changes over the host's life (EAGER before the capture, GRAPH after)."""
+
+    name = "broken-lazy-graph-capture"
+    _SIZES = (1, 2, 4, 8)
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        super().__init__(config)
+        self._capabilities = dataclasses.replace(self._capabilities,
+                                                 graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH}))
+        self._captured: set[int] = set()
+
+    def _padded(self, rows: int) -> int | None:
+        return next((size for size in self._SIZES if size >= rows), None)
+
+    def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
+        if batch.scheduled and not batch.has_prefill and self._padded(batch.num_decode) in self._captured:
+            return ExecutionMode.GRAPH
+        return ExecutionMode.EAGER
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        decode_only = bool(rows) and all(r.seq is not None and r.past > 0 for r in rows)
+        size = self._padded(len(rows)) if decode_only and not synthetic else None
+        if size is None:
+            return super()._execute(step_id, rows, tokens, synthetic)
+        if size not in self._captured:  # this run captures: eager
+            self._captured.add(size)
+            return super()._execute(step_id, rows, tokens, synthetic)
+        sink, self._step_sink = self._step_sink, None
+        try:
+            record = dataclasses.replace(super()._execute(step_id, rows, tokens, synthetic), mode=ExecutionMode.GRAPH)
+        finally:
+            self._step_sink = sink
+        if sink is not None:
+            sink(record)
+        return record
+
+
+class SkipsLmHeadLoraHost(ReferenceHost):
+    """The LoRA loader skips keys it cannot map to a decoder-layer module (an lm_head LoRA) with a warning and serves
+    the rest, as engines' loaders long did for unsupported modules."""
+
+    name = "broken-skips-lm-head-lora"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        from deltaserve_core.adapter_state import parse_peft_key
+
+        kept = {}
+        for key, tensor in state.tensors.items():
+            try:
+                parse_peft_key(key)
+            except ValueError:
+                continue  # "module not supported for LoRA, skipped"
+            kept[key] = tensor
+        return super()._to_lora(dataclasses.replace(state, tensors=kept))
+
+
+class GenerateReturnsAllFinishedHost(ReferenceHost):
+    """generate() drains the engine and returns every output that finished meanwhile, ordered by submission: a request
+    submitted earlier with submit() that finishes during the call comes back too, ahead of the ones given."""
+
+    name = "broken-generate-returns-all"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        order = {s.request.request_id: i for i, s in enumerate(list(self._running) + list(self._waiting))}
+        for r in requests:
+            self.submit(r)
+            order.setdefault(r.request_id, len(order))
+        wanted = {r.request_id for r in requests}
+        got: dict[str, ClientOutput] = {}
+        while not wanted <= set(got):
+            got.update((o.request_id, o) for o in self.step())
+        return sorted(got.values(), key=lambda o: order.get(o.request_id, len(order)))
+
+
+class SubmitTakesStepLockHost(ReferenceHost):
+    """Guards its scheduler with one lock held for the whole engine step; submit() takes it too, so a request thread
+    that submits while a step runs waits for the step to end (the core cannot abort the step for it)."""
+
+    name = "broken-submit-takes-step-lock"
+
+    def __init__(self, config) -> None:  # noqa: ANN001
+        import threading
+
+        super().__init__(config)
+        self._engine_lock = threading.Lock()
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        with self._engine_lock:
+            return super()._step(allow_idle, report_executed)
+
+    def submit(self, request: ClientRequest) -> None:
+        with self._engine_lock:
+            super().submit(request)
+
+
+class ShutdownKeepsRequestsHost(ReferenceHost):
+    """shutdown() stops the engine loop but never tears down the scheduler: the pending requests, and their KV cache,
+    stay referenced for the life of the process."""
+
+    name = "broken-shutdown-keeps-requests"
+    _stopped = False
+
+    def shutdown(self) -> None:
+        self._stopped = True
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        if self._stopped:
+            return False if report_executed else []
+        return super()._step(allow_idle, report_executed)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -1836,7 +2036,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "publish_adapter__republished_name_serves_the_new_weights",
                        "publish_adapter__requests_in_flight_keep_their_adapter",
                        "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
-                       "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
+                       "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                       "publish_adapter__every_target_module_serves_or_is_refused"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
@@ -1845,7 +2046,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                     "publish_adapter__requests_in_flight_keep_their_adapter",
                     "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
     MistypedHookHost: "protocol__validate_host",
-    SilentArrivalHost: "intercept_schedule__on_arrival_once_per_client_request",
+    # no arrival ever: neither for a request submitted from a second thread during a step
+    SilentArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
+                        "driver__submit_from_another_thread_returns_while_a_step_runs"),
     LateBeginStepHost: "capture_activation__call_order",
     FoldsScalingInPlaceHost: "intercept_schedule__inputs_not_mutated",
     EarlyClockHost: "report_step_time__duration_not_below_device_time",
@@ -1865,7 +2068,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "publish_adapter__republished_name_serves_the_new_weights",
                          "publish_adapter__requests_in_flight_keep_their_adapter",
                          "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
-                         "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
+                         "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                         "publish_adapter__every_target_module_serves_or_is_refused"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
@@ -1873,19 +2077,24 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                         "publish_adapter__republished_name_serves_the_new_weights",
                         "publish_adapter__requests_in_flight_keep_their_adapter",
                         "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
-                        "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
+                        "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                        "publish_adapter__every_target_module_serves_or_is_refused"),
     # a republished name is the same stable name: its cached KV is the first weights'
     StableNameStaleKVHost: ("publish_adapter__new_version_never_served_stale_kv",
                             "publish_adapter__republished_name_serves_the_new_weights"),
     StatefulGraphModeHost: "graph_mode__pure_function_of_shape",
     DriftingCapabilitiesHost: "capabilities__constant_for_the_host_lifetime",
     ProfileLeakHost: "run_profile_step__synthetic_rows_never_reach_a_client",
-    WindowedFinetuneAttentionHost: "generated__scenarios_keep_every_invariant",
+    # long fine-tuning rows: the generated scenarios' and the prefix check's (its shared template is that long)
+    WindowedFinetuneAttentionHost: ("generated__scenarios_keep_every_invariant",
+                                    "intercept_schedule__finetune_rows_read_no_prefix_cache"),
     ThirdRowLeakHost: "generated__scenarios_keep_every_invariant",
     MisorderedSampleIdsHost: "generated__scenarios_keep_every_invariant",
     # rows that overflow a full step vanish: neither run nor refused in its record
     FullStepDropsRowsHost: ("generated__scenarios_keep_every_invariant",
-                            "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step"),
+                            "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+                            # its long shared-template rows overflow half the budget, and one vanishes
+                            "intercept_schedule__finetune_rows_read_no_prefix_cache"),
     GraphAboveCaptureSizesHost: "generated__scenarios_keep_every_invariant",
     PublishedRowsGetTrainingWeightsHost: "stateful__interleaved_operations_keep_every_invariant",
     DeferredFinetuneAdapterHost: "stateful__interleaved_operations_keep_every_invariant",
@@ -1893,7 +2102,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StickyInterceptorHost: "intercept_schedule__none_removes_every_hook",
     FirstSinkWinsHost: "capture_activation__a_second_install_replaces_the_first",
     AbortsMixedStepsHost: "capture_activation__mixed_step_rows_complete_whatever_should_abort_says",
-    AttentionOnlyLoraHost: "set_finetune_adapter__every_target_module_applies_or_is_refused",
+    # its loader drops the MLP modules of every adapter: of a published one as well
+    AttentionOnlyLoraHost: ("set_finetune_adapter__every_target_module_applies_or_is_refused",
+                            "publish_adapter__every_target_module_serves_or_is_refused"),
     AliasesFinetuneAdapterHost: "set_finetune_adapter__keeps_its_own_copy",
     FlushedAtEndStepHost: "capture_activation__layer_input_arrives_before_its_layer_runs",
     ProfileMillisecondsHost: "run_profile_step__duration_in_seconds_within_the_call",
@@ -1958,4 +2169,18 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                 "run_profile_step__synthetic_rows_never_reach_a_client",
                                 "intercept_schedule__reserved_adapter_variants_refused"),
     ArrivalAtScheduleHost: "driver__client_output_times_follow_the_request",
+    # reach: blind batch 2026-12-05's misses; the generated scenarios reach four of them as well
+    SeqCapDropsRowsHost: ("intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+                          "generated__scenarios_keep_every_invariant"),
+    BulkGenerateNoArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
+                                "generated__scenarios_keep_every_invariant"),
+    SlotCappedWaitingHost: ("intercept_schedule__batch_lists_every_unfinished_request",
+                            "generated__scenarios_keep_every_invariant"),
+    WindowedFirstTokenTimeHost: ("intercept_schedule__scheduled_request_token_times",
+                                 "generated__scenarios_keep_every_invariant"),
+    LazyGraphCaptureHost: "graph_mode__pure_function_of_shape",
+    SkipsLmHeadLoraHost: "publish_adapter__every_target_module_serves_or_is_refused",
+    GenerateReturnsAllFinishedHost: "driver__generate_returns_outputs_in_request_order",
+    SubmitTakesStepLockHost: "driver__submit_from_another_thread_returns_while_a_step_runs",
+    ShutdownKeepsRequestsHost: "driver__shutdown_releases_request_memory",
 }

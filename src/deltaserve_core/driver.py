@@ -110,7 +110,9 @@ class HostDriver(Protocol):
         """Enqueue one request without running the engine (for traces and timed arrivals).
 
         May be called from another thread while ``step()`` runs (a server's request thread): the request then
-        joins a later step, never lost (see ``ScheduleInterceptor.on_arrival``)."""
+        joins a later step, never lost (see ``ScheduleInterceptor.on_arrival``). Called so, it returns while the step
+        still runs, with on_arrival called: it never waits for the step to end (a lock the step holds, say), since the
+        core aborts a fine-tuning-only step for the request only if it hears of it during that step."""
         ...
 
     def step(self) -> list[ClientOutput]:
@@ -135,7 +137,8 @@ class HostDriver(Protocol):
         """Stop the engine and free its memory; idempotent: a second call returns without raising, never fails on what
         the first one freed. It returns also with client requests pending (they are dropped, never waited for). It
         never leaves a process or a non-daemon thread the host started running: the process that owns the host must be
-        able to exit once it returned."""
+        able to exit once it returned. The memory the host took for client requests (their KV cache, their queues) is
+        released once it returned, for the dropped requests too: it never keeps them referenced."""
         ...
 
 

@@ -232,7 +232,9 @@ class HostHooks(Protocol):
         The returned name serves exactly ``state``'s weights until that name is published again: never those of a
         later :meth:`set_finetune_adapter` (the host keeps its own copy), and a second publish of the same name and
         version (a restarted job redoing a step) replaces them. Requests in flight when it is called keep the
-        adapter they were submitted on, never moved to another one.
+        adapter they were submitted on, never moved to another one. A host that cannot serve every target module of
+        ``state`` (an ``lm_head`` its LoRA kernels do not cover, say) must refuse it by raising, never serve the
+        returned name without some of them.
         """
         ...
 

@@ -1,0 +1,131 @@
+"""Checks that reach where the fixed workloads did not (blind batch 2026-12-05's misses, docs/conformance.md): adapters
+whose keys go beyond the attention projections, and a client request submitted from a second thread while a step runs.
+
+The other reach of that review went into existing checks (more requests than running-request slots, ``generate``
+next to ``submit``, outputs past 16 and 32 tokens, a batch shape run again) and into the generated and stateful
+scenarios. They register into :data:`.checks.CHECKS` like the fixed checks there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import torch
+
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.driver import ClientRequest
+
+from .checks import _fail, _greedy_problems, _inject_into_first_idle, check
+from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
+
+__all__: list[str] = []
+
+#: target modules of the adapters published by ``publish_adapter__every_target_module_serves_or_is_refused``: the MLP
+#: projections next to attention, and the same with the output head (``lm_head``), which many engines' LoRA kernels
+#: do not cover
+_BEYOND_ATTENTION = {
+    "mlp": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    "mlp-lm-head": ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"),
+}
+
+
+def _adapter_on(env: ConformanceEnv, label: str, modules: tuple[str, ...], version: int) -> LoraAdapterState:
+    from deltaserve_core.testing.tiny_model import build_lora_adapter
+
+    # a larger scale than the client adapter's: the output head's delta must move greedy tokens to be seen at all
+    folder = build_lora_adapter(env.model_dir, env.model_dir.parent / f"published-adapter-{label}", seed=11, r=8,
+                                target_modules=modules, scale=0.2)
+    return LoraAdapterState.load_pretrained(folder, name=f"conformance-{label}", version=version)
+
+
+@check("publish_adapter")
+def check_publish_adapter__every_target_module_serves_or_is_refused(env: ConformanceEnv) -> None:
+    """An adapter published with target modules beyond attention (the MLP projections; those and ``lm_head``) is
+    served whole under the returned name, every module applied, or refused by raising: a host never serves it with
+    the modules its LoRA kernels do not cover left out (an engine's loader that skips them with a warning)."""
+    problems = []
+    for version, (label, modules) in enumerate(_BEYOND_ATTENTION.items(), start=61):
+        state = _adapter_on(env, label, modules, version)
+        try:
+            name = env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - refusing is allowed; the message is the host's to word
+            continue
+        requests = [dataclasses.replace(r, adapter=name)
+                    for r in make_prompts(env, 3, seed=61 + version, max_tokens=6, adapter_every=0,
+                                          prefix=f"beyond-attention-{label}")]
+        outputs = env.run(requests)
+        found = _greedy_problems(env, outputs, requests, lambda r, s=state: s)
+        if found:
+            problems.append(f"{label} ({', '.join(modules)}), published as {name!r}: " + "; ".join(found[:2]))
+    if problems:
+        raise _fail(env, "publish_adapter", "adapters beyond the attention projections were accepted by "
+                    "publish_adapter() but are not served as transformers+PEFT serves all of their modules (expected "
+                    "every module applied, or the publish refused by raising): " + " | ".join(problems))
+
+
+@check("driver")
+def check_driver__submit_from_another_thread_returns_while_a_step_runs(env: ConformanceEnv) -> None:
+    """``submit`` from a second thread (a server's request thread) while a fine-tuning-only step runs returns while
+    that step still runs, and on_arrival has told the core of the request by then: a submit that waits for the step
+    to end (a lock held for the whole engine step) leaves the core no way to abort the step for the request. The
+    step is held inside its first layer input until the submit returns or the bound passes; the bound is far above
+    any plausible lock-free submit: max(5 s, 10 x the longest step this host just ran)."""
+    warm = Recorder()
+    env.install(warm)
+    env.run(make_prompts(env, 2, seed=71, max_tokens=2, prefix="warm-before-thread"))
+    env.install(None)
+    longest = max((r.duration_s for r in warm.real_records()), default=0.0)
+    bound = max(5.0, 10.0 * longest)
+
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(make_samples(env, 2, lengths=[7, 11], seed=72, first_id=7200),
+                                                  fired))
+    late = ClientRequest("submitted-from-a-second-thread", make_prompts(env, 1, seed=73)[0].prompt_ids, 2)
+    threads: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    held: dict[str, object] = {}
+    layer_input = rec.layer_input
+
+    def submit() -> None:
+        try:
+            env.host.submit(late)  # type: ignore[attr-defined]
+        except BaseException as exc:  # noqa: BLE001 - reported as the check's failure
+            errors.append(exc)
+
+    def holding_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        layer_input(step_id, layer, sample_id, hidden)
+        if threads:
+            return
+        threads.append(threading.Thread(target=submit, name="conformance-second-thread", daemon=True))
+        start = time.monotonic()
+        threads[0].start()
+        threads[0].join(timeout=bound)
+        held.update(step=step_id, layer=layer, waited=time.monotonic() - start, blocked=threads[0].is_alive(),
+                    told=any(rid == late.request_id for rid, _ in rec.arrivals))
+
+    rec.layer_input = holding_input  # type: ignore[method-assign]
+    env.install(rec)
+    try:
+        env.host.run_idle_step()  # type: ignore[attr-defined]
+        if threads:
+            threads[0].join(timeout=60.0)  # a blocked submit goes on once the step ended
+        env.run_stepwise([])
+    finally:
+        env.install(None)
+    if not fired or not threads:
+        raise _fail(env, "driver", "run_idle_step() with two fine-tuning samples injected delivered no layer input, so "
+                    "no request could be submitted while a step ran")
+    if errors:
+        raise _fail(env, "driver", f"submit() from a second thread while step {held.get('step')} ran raised "
+                    f"{type(errors[0]).__name__}: {errors[0]}; expected the request accepted")
+    if held["blocked"]:
+        raise _fail(env, "driver", f"submit() from a second thread while fine-tuning-only step {held['step']} was held "
+                    f"in its layer {held['layer']} input had not returned after {held['waited']:.1f} s (bound max(5 s, "
+                    f"10 x the longest step, {longest:.3f} s)); expected it to return while the step runs, never "
+                    "waiting for the step to end")
+    if not held["told"]:
+        raise _fail(env, "driver", f"submit() from a second thread returned while step {held['step']} ran, but "
+                    "on_arrival had not been called for the request by then; expected the core told of it during the "
+                    "step (it aborts a fine-tuning-only step for it)")
