@@ -114,6 +114,19 @@ def test_cancel_writes_a_final_checkpoint_and_ends_the_job(host, dataset: Path, 
         assert refused.value.status == 409
         assert job_call([co], "resume", {"id": co.job_id})["status"] == 409
         assert not co.wants_steps
+    # A restarted server resumes from the cancel's checkpoint: the job stays cancelled (the job file does not
+    # restart it), and trains nothing.
+    again = CoServer(host, co.job, latency_model=_model(), backward_threads=1)
+    with again:
+        status = again.job_status()
+        assert status["status"] == "cancelled" and status["deltaserve"]["step"] == steps
+        assert status["finished_at"] is not None
+        _idle_steps(host, again, 30)
+        assert again.stats.admitted_samples == 0 and again.stats.optimizer_steps == 0
+        assert not again.wants_steps
+        assert again.cancel()["status"] == "cancelled"
+        assert job_call([again], "resume", {"id": again.job_id})["status"] == 409
+        assert any("cancelled before this start" in e["message"] for e in again.events.page(limit=50)[0])
 
 
 def test_status_events_and_job_call_shapes(host, dataset: Path, tmp_path: Path) -> None:  # noqa: ANN001, F811

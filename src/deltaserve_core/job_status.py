@@ -87,6 +87,27 @@ class JobStatusMixin:
         self._advance_cancel()
         return self.job_status()
 
+    def _resume_cancelled(self, step: int) -> None:
+        """The checkpoint resumed from was written by or after a cancel: the job stays cancelled (no admission, its
+        published versions still served), as the operator left it."""
+        self._cancel_requested = True
+        self._admission_stopped = True
+        self._cancelled_at = self._checkpoint_time()
+        log.warning("fine-tuning job %s was cancelled before this start (checkpoint at step %d): it stays cancelled "
+                    "and trains nothing; to train this adapter again, start a job with a new checkpoint.dir",
+                    self.job_id, step)
+        self.events.add("warn", f"cancelled before this start (checkpoint at step {step}); not resumed",
+                        data={"step": step})
+
+    def _checkpoint_time(self) -> int:
+        """When the newest checkpoint (the one resumed from) was written: the cancel's time as well as it is known."""
+        from .checkpoint import list_checkpoints
+
+        try:
+            return max(int(p.stat().st_mtime) for p in list_checkpoints(self.job.checkpoint.dir))
+        except (OSError, ValueError):
+            return int(time.time())
+
     def _refuse_if_ended(self, op: str) -> None:
         status = self._status()
         if status in ("succeeded", "failed", "cancelled") or (self._cancel_requested and op != "cancel"):

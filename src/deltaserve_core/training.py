@@ -210,7 +210,12 @@ class TrainingMixin:
         from .preflight import resume_fields
 
         # the job's shape goes with the pool, so the next start can refuse an incompatible job before it starts
-        return {"pool": self.pool.state_dict(), "job": resume_fields(self.job)}
+        extra: dict[str, Any] = {"pool": self.pool.state_dict(), "job": resume_fields(self.job)}
+        if self._cancel_requested:
+            # A cancel is final (as in OpenAI's API): every checkpoint from the cancel's on says so, and a restarted
+            # server that resumes from one keeps the job cancelled instead of training on from the job file.
+            extra["cancelled"] = True
+        return extra
 
     def _skipped_nonfinite(self, rep: BackwardReport) -> None:
         """A batch trained into NaN/inf and its step was skipped; pause admission once that keeps happening."""
