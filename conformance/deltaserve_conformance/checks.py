@@ -1433,8 +1433,9 @@ def check_intercept_schedule__request_submitted_during_a_step_is_served(env: Con
             return
         threads.append(threading.Thread(target=submit, name="conformance-request-thread", daemon=True))
         threads[0].start()
-        # Waiting (bounded) makes the submit land inside the forward. A host whose submit waits for the step to end
-        # (a lock around its engine) is allowed: the wait gives up and the request arrives after the step.
+        # Waiting (bounded) makes the submit land inside the forward. A submit that waits for the step to end (a lock
+        # around the engine) is driver__submit_from_another_thread_returns_while_a_step_runs's failure; here the
+        # wait gives up, the request arrives after the step, and this check judges only that it is served.
         threads[0].join(timeout=2.0)
         if not threads[0].is_alive():
             during.append(step_id)
