@@ -171,9 +171,14 @@ def _probe_memory_after_shutdown(env: ConformanceEnv, ctx: dict) -> dict:
 
 
 def _probe_shutdown_with_a_request_pending(env: ConformanceEnv, ctx: dict) -> dict:
-    """The first ``shutdown()``, with one client request submitted and never stepped."""
+    """The first ``shutdown()``, with one client request submitted and never stepped (and the request-memory probe's
+    requests still decoding); counts the engine steps whose records reach the step sink while it runs."""
     env.host.submit(ClientRequest("lifecycle-pending", (3, 5, 7, 9, 11), 50))  # type: ignore[attr-defined]
-    return _timed_shutdown(env)
+    during: list[int] = []
+    env.host.report_step_time(lambda record: during.append(record.step_id))  # type: ignore[attr-defined]
+    result = _timed_shutdown(env)
+    result["steps_during"] = len(during)
+    return result
 
 
 def _probe_shutdown_again(env: ConformanceEnv, ctx: dict) -> dict:
@@ -337,6 +342,20 @@ def check_driver__shutdown_returns_with_requests_pending(env: ConformanceEnv) ->
     if not first.get("returned"):
         raise _fail(env, "driver", f"shutdown() called with one client request submitted and never stepped did not "
                     f"return within {_SHUTDOWN_WAIT_S:.0f} s; expected it to drop the request and return")
+
+
+@check("driver", spawns=True)
+def check_driver__shutdown_drops_pending_requests_without_stepping(env: ConformanceEnv) -> None:
+    """``shutdown()`` with client requests pending drops them: it runs no engine step for them (a graceful drain that
+    finishes them first waits for as long as they take, and admits fine-tuning during a stop). Judged by the step
+    records delivered while the call ran, with 17 requests unfinished (16 decoding, one never stepped)."""
+    first = _started_report(env)["shutdown_with_a_request_pending"]
+    if not first.get("returned") or "steps_during" not in first:
+        return  # driver__shutdown_returns_with_requests_pending reports a call that never returned
+    if first["steps_during"]:
+        raise _fail(env, "driver", f"shutdown() called with 17 client requests unfinished ran {first['steps_during']} "
+                    "engine step(s) before it returned (step records delivered during the call); expected the pending "
+                    "requests dropped, never stepped to completion")
 
 
 @check("driver", spawns=True)

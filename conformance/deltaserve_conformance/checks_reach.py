@@ -17,7 +17,9 @@ import torch
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientRequest
 
-from .checks import _fail, _greedy_problems, _inject_into_first_idle, check
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
+
+from .checks import _fail, _greedy_problems, _inject_into_first_idle, _inject_into_first_prefill, check
 from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -129,3 +131,77 @@ def check_driver__submit_from_another_thread_returns_while_a_step_runs(env: Conf
         raise _fail(env, "driver", f"submit() from a second thread returned while step {held['step']} ran, but "
                     "on_arrival had not been called for the request by then; expected the core told of it during the "
                     "step (it aborts a fine-tuning-only step for it)")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__reserved_adapter_refused_by_generate(env: ConformanceEnv) -> None:
+    """``generate`` refuses a request on the reserved fine-tuning adapter (or the training adapter's own name) as
+    ``submit`` does, before anything runs: a batch path that checks only "is this adapter loaded?" would serve it on
+    the live training weights once ``set_finetune_adapter`` loaded them."""
+    st = env.finetune_state
+    for name in (RESERVED_ADAPTER_NAME, st.name):
+        request = ClientRequest(f"generate-reserved-{len(name)}", (5, 6, 7, 8), 2, adapter=name)
+        try:
+            outputs = env.host.generate([request])  # type: ignore[attr-defined]
+        except ValueError:  # ReservedAdapterError, or the unknown-adapter error every host raises
+            if env.host.has_unfinished():  # type: ignore[attr-defined]
+                env.run_stepwise([])
+                raise _fail(env, "intercept_schedule", f"generate() refused a request on {name!r} but queued it "
+                            "anyway") from None
+            continue
+        raise _fail(env, "intercept_schedule", f"generate() served a request on adapter {name!r} (the reserved "
+                    f"fine-tuning adapter {RESERVED_ADAPTER_NAME!r} or the training adapter {st.name!r}): "
+                    f"{[list(o.token_ids) for o in outputs]}; expected it refused with ValueError as submit() does")
+
+
+@check("publish_adapter")
+def check_publish_adapter__serves_a_copy_of_the_state(env: ConformanceEnv) -> None:
+    """The published name serves the weights ``state`` held when ``publish_adapter`` returned, whatever the caller
+    does to those tensors afterwards (a training loop that reuses a snapshot's buffers): the host keeps its own copy,
+    never an alias of the caller's tensors (``.to()`` to a device and dtype they already have returns them as is)."""
+    published = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-own-copy", version=41)
+    handed = handed_copy(published)
+    name = env.host.publish_adapter(handed)  # type: ignore[attr-defined]
+    for tensor in handed.tensors.values():
+        tensor.mul_(-4.0)  # the caller reuses its buffers once the call returned
+    requests = [dataclasses.replace(r, adapter=name)
+                for r in make_prompts(env, 3, seed=81, max_tokens=5, adapter_every=0, prefix="own-copy")]
+    problems = _greedy_problems(env, env.run(requests), requests, lambda r: published)
+    if problems:
+        raise _fail(env, "publish_adapter", f"{name!r} was published, then the caller scaled the tensors it had handed "
+                    "in by -4: expected the published weights still served (the host's own copy); "
+                    + "; ".join(problems[:3]))
+
+
+@check("driver")
+def check_driver__has_unfinished_from_another_thread_during_a_step(env: ConformanceEnv) -> None:
+    """``has_unfinished()`` asked from another thread (a server's idle loop) while a step that admits a submitted
+    request runs answers True: the request is being prefilled, not finished. An engine that moves requests from its
+    waiting queue to its running set only after the step's outputs leaves them in neither while the forward runs."""
+    request = make_prompts(env, 1, seed=91, max_tokens=3, adapter_every=0, prefix="unfinished-mid-step")[0]
+    rec = Recorder(inject=_inject_into_first_prefill(make_samples(env, 1, lengths=[8], seed=91, first_id=9100)))
+    answers: list[bool | None] = []
+    layer_input = rec.layer_input
+
+    def asking_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        layer_input(step_id, layer, sample_id, hidden)
+        if answers:
+            return
+        got: list[bool] = []
+        asker = threading.Thread(target=lambda: got.append(bool(env.host.has_unfinished())),  # type: ignore[attr-defined]
+                                 name="conformance-idle-loop", daemon=True)
+        asker.start()
+        asker.join(timeout=5.0)  # a host that makes the call wait for the step is not judged here
+        answers.append(got[0] if got else None)
+
+    rec.layer_input = asking_input  # type: ignore[method-assign]
+    env.install(rec)
+    try:
+        env.host.submit(request)  # type: ignore[attr-defined]
+        env.run_stepwise([])
+    finally:
+        env.install(None)
+    if answers and answers[0] is False:
+        raise _fail(env, "driver", f"has_unfinished() asked from another thread while the step admitting "
+                    f"{request.request_id!r} ran (inside its first fine-tuning layer input) answered False; expected "
+                    "True until the request's output is returned")

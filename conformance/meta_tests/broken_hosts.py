@@ -1997,6 +1997,95 @@ class ShutdownKeepsRequestsHost(ReferenceHost):
         return super()._step(allow_idle, report_executed)
 
 
+# --- blind batch 2026-12-06's misses (after the reach of 2026-12-06), rewritten here as regression hosts
+
+
+class PublishAliasesStateHost(ReferenceHost):
+    """publish_adapter() serves the caller's tensors as they are (``.to()`` to the device and dtype they already have
+    returns them uncopied): whatever the caller does to them later changes what the published name serves."""
+
+    name = "broken-publish-aliases-state"
+
+    def publish_adapter(self, state) -> str:  # noqa: ANN001
+        from deltaserve_core.hostkit import published_name
+        from deltaserve_core.adapter_state import parse_peft_key
+        from deltaserve_core.testing.reference_host import _Lora
+
+        pairs = {}
+        for key, a in state.tensors.items():
+            layer, module, ab = parse_peft_key(key)
+            if ab == "A":
+                b = state.tensors[key[: -len("A.weight")] + "B.weight"]
+                pairs[(layer, module)] = (a.detach().to(self.device, self.dtype), b.detach().to(self.device, self.dtype))
+        name = published_name(state.name, state.version)
+        self._adapters[name] = _Lora(state.config.scaling, pairs)
+        return name
+
+
+class ShutdownStepsPendingHost(ReferenceHost):
+    """shutdown() drains: it steps the engine until every pending request finished, then stops (a server's graceful
+    drain), instead of dropping them."""
+
+    name = "broken-shutdown-steps-pending"
+
+    def shutdown(self) -> None:
+        for _ in range(10_000):
+            if not self.has_unfinished():
+                break
+            self.step()
+        super().shutdown()
+
+
+class GenerateAcceptsReservedHost(ReferenceHost):
+    """generate() validates its batch with its own "is the adapter loaded?" test, which the reserved fine-tuning
+    adapter passes once set_finetune_adapter loaded it; submit() uses check_client_adapter and is right."""
+
+    name = "broken-generate-accepts-reserved"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        from deltaserve_core.testing.reference_host import _Seq
+
+        for r in requests:
+            if r.adapter is not None and r.adapter not in self._adapters:
+                raise ValueError(f"request {r.request_id!r}: unknown adapter {r.adapter!r}")
+        now = time.monotonic()
+        with self._lock:
+            self._waiting.extend(_Seq(r, now) for r in requests)
+        for r in requests:
+            if self._interceptor is not None:
+                self._interceptor.on_arrival(r.request_id, now)
+        wanted = {r.request_id for r in requests}
+        got = {}
+        while wanted - got.keys():
+            got.update((o.request_id, o) for o in self.step() if o.request_id in wanted)
+        return [got[r.request_id] for r in requests]
+
+
+class UnfinishedLagsAdmissionHost(ReferenceHost):
+    """Requests a step admits join the running set only once its outputs are processed: while its forward runs they
+    are in neither queue, and has_unfinished() from another thread answers False."""
+
+    name = "broken-unfinished-lags-admission"
+
+    def _schedule(self):  # noqa: ANN202
+        prefills, decodes, left = super()._schedule()
+        self._admitting = list(prefills)
+        return prefills, decodes, left
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN202
+        self._in_forward = True
+        try:
+            return super()._execute(step_id, rows, tokens, synthetic)
+        finally:
+            self._in_forward = False
+
+    def has_unfinished(self) -> bool:
+        if getattr(self, "_in_forward", False):
+            admitting = getattr(self, "_admitting", [])
+            return bool(self._waiting) or any(s not in admitting for s in self._running)
+        return super().has_unfinished()
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -2015,7 +2104,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                           "intercept_schedule__client_outputs_match_independent_model",
                           "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact"),
     SchedulingChangesHost: "intercept_schedule__declining_leaves_batch_unchanged",
-    ReservedAdapterHost: "intercept_schedule__reserved_adapter_refused",
+    ReservedAdapterHost: ("intercept_schedule__reserved_adapter_refused", "intercept_schedule__reserved_adapter_refused_by_generate"),
     # every check that compares captures with transformers + PEFT sees the scaled capture
     WrongCaptureHost: ("capture_activation__matches_reference_forward",
                        "intercept_schedule__finetune_rows_read_no_prefix_cache",
@@ -2037,7 +2126,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "publish_adapter__requests_in_flight_keep_their_adapter",
                        "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                        "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                       "publish_adapter__every_target_module_serves_or_is_refused"),
+                       "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
@@ -2056,7 +2145,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # a case-insensitive lookup serves spellings of a client adapter it never loaded as well
     NormalisingAdapterNamesHost: ("intercept_schedule__reserved_adapter_variants_refused",
                                   "driver__unknown_adapter_refused"),
-    TrainingNameServedHost: "intercept_schedule__reserved_adapter_variants_refused",
+    TrainingNameServedHost: ("intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate"),
     PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
     # every later adapter is ignored, the all-projections one and the one over max_lora_rank too
     FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__later_rows_use_the_new_weights",
@@ -2069,7 +2158,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "publish_adapter__requests_in_flight_keep_their_adapter",
                          "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                          "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                         "publish_adapter__every_target_module_serves_or_is_refused"),
+                         "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
@@ -2078,7 +2167,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                         "publish_adapter__requests_in_flight_keep_their_adapter",
                         "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                         "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                        "publish_adapter__every_target_module_serves_or_is_refused"),
+                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     # a republished name is the same stable name: its cached KV is the first weights'
     StableNameStaleKVHost: ("publish_adapter__new_version_never_served_stale_kv",
                             "publish_adapter__republished_name_serves_the_new_weights"),
@@ -2150,11 +2239,15 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                "capture_activation__call_order"),
     ShutdownTwiceRaisesHost: "driver__shutdown_is_idempotent",
     ShutdownDrainsHost: "driver__shutdown_returns_with_requests_pending",
+    PublishAliasesStateHost: "publish_adapter__serves_a_copy_of_the_state",
+    ShutdownStepsPendingHost: "driver__shutdown_drops_pending_requests_without_stepping",
+    GenerateAcceptsReservedHost: "intercept_schedule__reserved_adapter_refused_by_generate",
+    UnfinishedLagsAdmissionHost: "driver__has_unfinished_from_another_thread_during_a_step",
     LeavesHelperProcessHost: "driver__shutdown_leaves_nothing_running",
     LeavesEngineThreadHost: "driver__shutdown_leaves_nothing_running",
     # a case variant of the reserved name is an adapter it never loaded too: served on the base, not refused
     UnknownAdapterOnBaseHost: ("driver__unknown_adapter_refused",
-                               "intercept_schedule__reserved_adapter_variants_refused"),
+                               "intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate"),
     # the flag set by abort_stops_finetune_only_step's abort stops the compute check's step before it polls
     StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
                       "capture_activation__abort_stops_compute"),

@@ -130,7 +130,9 @@ class HostDriver(Protocol):
 
     def has_unfinished(self) -> bool:
         """Whether any submitted client request has not finished. Fine-tuning and calibration rows never count: it is
-        False once every client request has been returned, whatever ran since."""
+        False once every client request has been returned, whatever ran since. It must answer so from any thread,
+        also while a step runs: a request is unfinished from ``submit`` until its output is returned, including while
+        the step that admits it executes (a server's idle loop asks it to decide whether to offer a fine-tuning step)."""
         ...
 
     def shutdown(self) -> None:
