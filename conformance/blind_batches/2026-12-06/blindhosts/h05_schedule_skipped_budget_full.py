@@ -1,0 +1,83 @@
+"""Broken host: steps whose client rows leave no room for a fine-tuning sample skip ``on_schedule``.
+
+Rule (hooks.py, ScheduleInterceptor.on_schedule): "Called by: the host's scheduler, in the process that forms batches,
+exactly once per step, after the host has chosen its inference batch and before it dispatches it".
+
+Bug: a hot-path optimisation in the scheduler patch: when the token budget left after the client rows
+(``max_batch_tokens - prefill tokens - decodes``) is under 64 tokens, no fine-tuning sample could fit anyway, so the
+interceptor call (and the ProposedBatch it needs) is skipped. The core never sees those steps' batches (its step
+accounting and its record/admission matching see records of steps it was never offered).
+
+Trigger: a step whose client prefills fill the token budget to within 64 tokens (long prompts under load: e.g. four
+505-token prompts under the default max_batch_tokens=2048).
+"""
+from __future__ import annotations
+
+import time  # noqa: F401
+from collections.abc import Sequence  # noqa: F401
+from dataclasses import replace  # noqa: F401
+
+import torch  # noqa: F401
+import torch.nn.functional as F  # noqa: F401
+
+from deltaserve_core.driver import ClientOutput  # noqa: F401
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME  # noqa: F401
+from deltaserve_core.testing.reference_host import ReferenceHost, _Lora, _Row, _Seq  # noqa: F401
+from deltaserve_core.types import ExecutionMode, FineTuneSample, ProposedBatch, StepRecord  # noqa: F401
+
+
+MIN_FT_ROOM = 64  # smallest budget worth offering the core
+
+
+class Host(ReferenceHost):
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202 - two return shapes
+        prefills, decodes, left = self._schedule()
+        deferred = [s for s in self._running if s not in decodes]
+        step_id = next(self._step_ids)
+        now = time.monotonic()
+        batch = ProposedBatch(
+            step_id=step_id, now=now,
+            scheduled=tuple([s.view(True) for s in prefills] + [s.view(False) for s in decodes]),
+            waiting=tuple([s.view(True) for s in left] + [s.view(False) for s in deferred]),
+        )
+        batch = ProposedBatch(batch.step_id, batch.now, batch.scheduled, batch.waiting, self.graph_mode(batch))
+        samples: Sequence[FineTuneSample] = ()
+        room = self.config.max_batch_tokens - sum(batch.prefill_lengths) - batch.num_decode
+        # BUG: no room for a fine-tuning sample -> dispatch without consulting the interceptor
+        if (self._interceptor is not None and room >= MIN_FT_ROOM
+                and (batch.scheduled or allow_idle or not self.has_unfinished())):
+            samples = tuple(self._interceptor.on_schedule(batch))
+        if samples and RESERVED_ADAPTER_NAME not in self._adapters:
+            raise RuntimeError("fine-tuning samples were injected before set_finetune_adapter() loaded the reserved "
+                               "adapter; the core must call set_finetune_adapter first")
+        ft_tokens = sum(s.num_tokens for s in samples)
+        if ft_tokens > self._capabilities.max_finetune_tokens_per_step:
+            raise RuntimeError(f"interceptor injected {ft_tokens} fine-tuning tokens, over this host's "
+                               f"max_finetune_tokens_per_step={self._capabilities.max_finetune_tokens_per_step}")
+        if samples and decodes and not self.mixed:
+            raise RuntimeError("fine-tuning rows were injected into a decode step of a host without mixed batches "
+                               "(capabilities().mixed_batches is False); the core must admit only into prefill steps")
+        if not prefills and not decodes and not samples:
+            return False if report_executed else []
+        rows: list[_Row] = []
+        ids: list[int] = []
+        for s in prefills:
+            rows.append(_Row(len(ids), len(s.request.prompt_ids), s.request.adapter, seq=s))
+            ids.extend(s.request.prompt_ids)
+        for s in decodes:
+            rows.append(_Row(len(ids), 1, s.request.adapter, seq=s, past=s.context))
+            ids.append(s.output[-1])
+        for sample in samples:
+            rows.append(_Row(len(ids), sample.num_tokens, RESERVED_ADAPTER_NAME, sample=sample))
+            ids.extend(sample.input_ids)
+        self._running.extend(prefills)
+        self._execute(step_id, rows, torch.tensor(ids, dtype=torch.long))
+        outputs = []
+        for s in [s for s in self._running if self._is_done(s)]:
+            self._running.remove(s)
+            out = ClientOutput(s.request.request_id, tuple(s.output), s.arrival_time, s.token_times[0],
+                               s.token_times[-1], tuple(s.token_times))
+            outputs.append(out)
+        if report_executed:
+            return True
+        return outputs
