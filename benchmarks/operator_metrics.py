@@ -40,8 +40,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when imported by a test
 from _common import ROOT, command_line, machine_info, write_json  # noqa: E402  (puts the clone's src first)
+from deltaserve_core.testing.servers import http_json  # noqa: E402
 
 __all__ = ["DEFAULT_OUT", "JSON_NAME", "PNG_NAME", "PANELS", "main", "parse_scrape", "plot", "prepare_out",
            "series_of", "build_parser", "counter_rate"]
@@ -114,24 +113,11 @@ PROMPTS = (
 # ---------------------------------------------------------------------------------------------- HTTP
 
 
-def _request(method: str, url: str, body: Any = None, *, key: str | None, timeout: float) -> tuple[int, bytes]:
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
 def _get_json(url: str, key: str | None, timeout: float = 10.0) -> Any:
-    status, raw = _request("GET", url, key=key, timeout=timeout)
+    status, payload = http_json("GET", url, key=key or None, timeout=timeout)
     if status != 200:
-        raise RuntimeError(f"GET {url} answered {status}: {raw[:300].decode(errors='replace')}")
-    return json.loads(raw)
+        raise RuntimeError(f"GET {url} answered {status}: {str(payload)[:300]}")
+    return payload
 
 
 def base_model_name(server: str, key: str | None) -> str:
@@ -247,10 +233,10 @@ class Scraper:
         wall = time.time()
         t = time.monotonic() - self.t0
         try:
-            status, raw = _request("GET", self.url, key=self.key, timeout=max(self.every_s, 10.0))
-            if status != 200:
+            status, text = http_json("GET", self.url, key=self.key or None, timeout=max(self.every_s, 10.0))
+            if status != 200 or not isinstance(text, str):  # the exposition format is text, never JSON
                 raise RuntimeError(f"status {status}")
-            got = parse_scrape(raw.decode(), t, wall)
+            got = parse_scrape(text, t, wall)
         except (OSError, RuntimeError, ValueError) as exc:
             self.scrapes.append({"t": round(t, 3), "time": round(wall, 3), "ok": False, "error": str(exc)})
             return
@@ -304,12 +290,12 @@ class ClientLoad:
                 "temperature": 0.0}
         record: dict[str, Any] = {"i": i, "t": round(sent - self.t0, 3)}
         try:
-            status, raw = _request("POST", self.url, body, key=self.key, timeout=300.0)
+            status, payload = http_json("POST", self.url, body, key=self.key or None, timeout=300.0)
             record["status"] = status
-            if status == 200:
-                record["completion_tokens"] = json.loads(raw).get("usage", {}).get("completion_tokens")
+            if status == 200 and isinstance(payload, dict):
+                record["completion_tokens"] = payload.get("usage", {}).get("completion_tokens")
             else:
-                record["error"] = raw[:300].decode(errors="replace")
+                record["error"] = str(payload)[:300]
         except (OSError, ValueError) as exc:
             record["status"], record["error"] = None, str(exc)
         record["latency_s"] = round(time.monotonic() - sent, 4)
