@@ -8,8 +8,10 @@ are plain functions (so a fork can call one from a debugger or its own tests) an
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -1407,59 +1409,76 @@ def check_publish_adapter__returned_name_serves_as_returned(env: ConformanceEnv)
                     "serve the published weights whatever the job's name")
 
 
+class ThreadCall(dict):
+    """What :func:`_call_from_a_thread_during_the_first_layer_input` saw, filled in as it happens: ``step`` and
+    ``layer`` (where the step was held), ``returned`` (within the wait), ``waited`` (seconds), ``result`` or
+    ``error``, and ``arrivals`` (the request ids ``on_arrival`` had seen by the end of the wait)."""
+
+    thread: threading.Thread | None = None
+
+
+def _call_from_a_thread_during_the_first_layer_input(rec: Recorder, call: Callable[[], Any], wait_s: float,
+                                                     name: str) -> ThreadCall:
+    """Once, inside the first layer input ``rec`` records (a step is running), run ``call`` in a daemon thread (a
+    server's request thread or idle loop) and hold the step up to ``wait_s`` for it to return. The caller joins
+    ``.thread`` after the step (a call that waited for the step goes on then)."""
+    seen = ThreadCall()
+    record = rec.layer_input
+
+    def run() -> None:
+        try:
+            seen["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - reported as the caller's failure
+            seen["error"] = exc
+
+    def holding_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
+        record(step_id, layer, sample_id, hidden)
+        if seen.thread is not None:
+            return
+        seen.thread = threading.Thread(target=run, name=name, daemon=True)
+        start = time.monotonic()
+        seen.thread.start()
+        seen.thread.join(timeout=wait_s)
+        seen.update(step=step_id, layer=layer, waited=time.monotonic() - start, returned=not seen.thread.is_alive(),
+                    arrivals=[rid for rid, _ in rec.arrivals])
+
+    rec.layer_input = holding_input  # type: ignore[method-assign]
+    return seen
+
+
 @check("intercept_schedule")
 def check_intercept_schedule__request_submitted_during_a_step_is_served(env: ConformanceEnv) -> None:
     """A client request submitted from another thread while a step executes (a server's request thread) joins a
     later step and is served: never lost."""
-    import threading
-
     rec = Recorder(inject=_inject_into_first_prefill(make_samples(env, 1, lengths=[8], seed=99, first_id=2800)))
     early = make_prompts(env, 2, seed=99, max_tokens=3, adapter_every=0, prefix="before-mid-step")
     late = ClientRequest("submitted-mid-step", make_prompts(env, 1, seed=100)[0].prompt_ids, 3)
-    threads: list[threading.Thread] = []
-    errors: list[BaseException] = []
-    during: list[int] = []  # the step the submit landed in, when it returned before the step ended
-    layer_input = rec.layer_input
-
-    def submit() -> None:
-        try:
-            env.host.submit(late)  # type: ignore[attr-defined]
-        except BaseException as exc:  # noqa: BLE001 - reported as the check's failure
-            errors.append(exc)
-
-    def submitting_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
-        layer_input(step_id, layer, sample_id, hidden)
-        if threads:
-            return
-        threads.append(threading.Thread(target=submit, name="conformance-request-thread", daemon=True))
-        threads[0].start()
-        # Waiting (bounded) makes the submit land inside the forward. A submit that waits for the step to end (a lock
-        # around the engine) is driver__submit_from_another_thread_returns_while_a_step_runs's failure; here the
-        # wait gives up, the request arrives after the step, and this check judges only that it is served.
-        threads[0].join(timeout=2.0)
-        if not threads[0].is_alive():
-            during.append(step_id)
-
-    rec.layer_input = submitting_input  # type: ignore[method-assign]
+    # Waiting (bounded) makes the submit land inside the forward. A submit that waits for the step to end (a lock
+    # around the engine) is driver__submit_from_another_thread_returns_while_a_step_runs's failure; here the wait
+    # gives up, the request arrives after the step, and this check judges only that it is served.
+    seen = _call_from_a_thread_during_the_first_layer_input(rec, lambda: env.host.submit(late), 2.0,  # type: ignore[attr-defined]
+                                                            "conformance-request-thread")
     env.install(rec)
     outputs = []
     for r in early:
         env.host.submit(r)  # type: ignore[attr-defined]
     for _ in range(1000):
         outputs.extend(env.host.step())  # type: ignore[attr-defined]
-        if threads:
-            threads[0].join(timeout=30.0)
+        if seen.thread is not None:
+            seen.thread.join(timeout=30.0)
         if not env.host.has_unfinished():  # type: ignore[attr-defined]
             break
-    if not threads:
+    if seen.thread is None:
         raise _fail(env, "intercept_schedule", "no layer input was delivered for the injected sample, so no request "
                     "could be submitted while a step executed")
-    if errors:
-        raise _fail(env, "intercept_schedule", f"submit() from another thread while step {during or '?'} executed "
-                    f"raised {type(errors[0]).__name__}: {errors[0]}; expected the request accepted")
+    if "error" in seen:
+        err = seen["error"]
+        raise _fail(env, "intercept_schedule", f"submit() from another thread while step {seen.get('step', '?')} "
+                    f"executed raised {type(err).__name__}: {err}; expected the request accepted")
     got = sorted(o.request_id for o in outputs)
     if late.request_id not in got:
-        when = f"while step {during[0]} executed" if during else "during a step (it returned after the step)"
+        when = (f"while step {seen['step']} executed" if seen.get("returned")
+                else "during a step (it returned after the step)")
         told = any(rid == late.request_id for rid, _ in rec.arrivals)
         raise _fail(env, "intercept_schedule", f"request {late.request_id!r} was submitted from another thread "
                     f"{when} (on_arrival {'was' if told else 'was not'} called for it) and never produced an output; "

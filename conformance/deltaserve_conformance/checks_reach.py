@@ -9,17 +9,13 @@ scenarios. They register into :data:`.checks.CHECKS` like the fixed checks there
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
-
-import torch
 
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientRequest
-
 from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
 
-from .checks import _fail, _greedy_problems, _inject_into_first_idle, _inject_into_first_prefill, check
+from .checks import (_call_from_a_thread_during_the_first_layer_input, _fail, _greedy_problems, _inject_into_first_idle,
+                     _inject_into_first_prefill, check)
 from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -85,50 +81,30 @@ def check_driver__submit_from_another_thread_returns_while_a_step_runs(env: Conf
     rec = Recorder(inject=_inject_into_first_idle(make_samples(env, 2, lengths=[7, 11], seed=72, first_id=7200),
                                                   fired))
     late = ClientRequest("submitted-from-a-second-thread", make_prompts(env, 1, seed=73)[0].prompt_ids, 2)
-    threads: list[threading.Thread] = []
-    errors: list[BaseException] = []
-    held: dict[str, object] = {}
-    layer_input = rec.layer_input
-
-    def submit() -> None:
-        try:
-            env.host.submit(late)  # type: ignore[attr-defined]
-        except BaseException as exc:  # noqa: BLE001 - reported as the check's failure
-            errors.append(exc)
-
-    def holding_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
-        layer_input(step_id, layer, sample_id, hidden)
-        if threads:
-            return
-        threads.append(threading.Thread(target=submit, name="conformance-second-thread", daemon=True))
-        start = time.monotonic()
-        threads[0].start()
-        threads[0].join(timeout=bound)
-        held.update(step=step_id, layer=layer, waited=time.monotonic() - start, blocked=threads[0].is_alive(),
-                    told=any(rid == late.request_id for rid, _ in rec.arrivals))
-
-    rec.layer_input = holding_input  # type: ignore[method-assign]
+    seen = _call_from_a_thread_during_the_first_layer_input(rec, lambda: env.host.submit(late), bound,  # type: ignore[attr-defined]
+                                                            "conformance-second-thread")
     env.install(rec)
     try:
         env.host.run_idle_step()  # type: ignore[attr-defined]
-        if threads:
-            threads[0].join(timeout=60.0)  # a blocked submit goes on once the step ended
+        if seen.thread is not None:
+            seen.thread.join(timeout=60.0)  # a blocked submit goes on once the step ended
         env.run_stepwise([])
     finally:
         env.install(None)
-    if not fired or not threads:
+    if not fired or seen.thread is None:
         raise _fail(env, "driver", "run_idle_step() with two fine-tuning samples injected delivered no layer input, so "
                     "no request could be submitted while a step ran")
-    if errors:
-        raise _fail(env, "driver", f"submit() from a second thread while step {held.get('step')} ran raised "
-                    f"{type(errors[0]).__name__}: {errors[0]}; expected the request accepted")
-    if held["blocked"]:
-        raise _fail(env, "driver", f"submit() from a second thread while fine-tuning-only step {held['step']} was held "
-                    f"in its layer {held['layer']} input had not returned after {held['waited']:.1f} s (bound max(5 s, "
+    if "error" in seen:
+        err = seen["error"]
+        raise _fail(env, "driver", f"submit() from a second thread while step {seen.get('step')} ran raised "
+                    f"{type(err).__name__}: {err}; expected the request accepted")
+    if not seen["returned"]:
+        raise _fail(env, "driver", f"submit() from a second thread while fine-tuning-only step {seen['step']} was held "
+                    f"in its layer {seen['layer']} input had not returned after {seen['waited']:.1f} s (bound max(5 s, "
                     f"10 x the longest step, {longest:.3f} s)); expected it to return while the step runs, never "
                     "waiting for the step to end")
-    if not held["told"]:
-        raise _fail(env, "driver", f"submit() from a second thread returned while step {held['step']} ran, but "
+    if late.request_id not in seen["arrivals"]:
+        raise _fail(env, "driver", f"submit() from a second thread returned while step {seen['step']} ran, but "
                     "on_arrival had not been called for the request by then; expected the core told of it during the "
                     "step (it aborts a fine-tuning-only step for it)")
 
@@ -180,28 +156,16 @@ def check_driver__has_unfinished_from_another_thread_during_a_step(env: Conforma
     waiting queue to its running set only after the step's outputs leaves them in neither while the forward runs."""
     request = make_prompts(env, 1, seed=91, max_tokens=3, adapter_every=0, prefix="unfinished-mid-step")[0]
     rec = Recorder(inject=_inject_into_first_prefill(make_samples(env, 1, lengths=[8], seed=91, first_id=9100)))
-    answers: list[bool | None] = []
-    layer_input = rec.layer_input
-
-    def asking_input(step_id: int, layer: int, sample_id: int, hidden: torch.Tensor) -> None:
-        layer_input(step_id, layer, sample_id, hidden)
-        if answers:
-            return
-        got: list[bool] = []
-        asker = threading.Thread(target=lambda: got.append(bool(env.host.has_unfinished())),  # type: ignore[attr-defined]
-                                 name="conformance-idle-loop", daemon=True)
-        asker.start()
-        asker.join(timeout=5.0)  # a host that makes the call wait for the step is not judged here
-        answers.append(got[0] if got else None)
-
-    rec.layer_input = asking_input  # type: ignore[method-assign]
+    # a host that makes the call wait for the step is not judged here (returned False after the wait)
+    seen = _call_from_a_thread_during_the_first_layer_input(rec, lambda: env.host.has_unfinished(), 5.0,  # type: ignore[attr-defined]
+                                                            "conformance-idle-loop")
     env.install(rec)
     try:
         env.host.submit(request)  # type: ignore[attr-defined]
         env.run_stepwise([])
     finally:
         env.install(None)
-    if answers and answers[0] is False:
+    if seen.get("returned") and "result" in seen and not seen["result"]:
         raise _fail(env, "driver", f"has_unfinished() asked from another thread while the step admitting "
                     f"{request.request_id!r} ran (inside its first fine-tuning layer input) answered False; expected "
                     "True until the request's output is returned")
