@@ -239,8 +239,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
         if ready.extra.get("pool"):
             self.pool.load_state_dict(ready.extra["pool"])
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress_line())
-        if ready.extra.get("cancelled"):
-            self._resume_cancelled(ready.step)
+        if ready.extra.get("cancelled_at") is not None:
+            self._resume_cancelled(ready.step, int(ready.extra["cancelled_at"]))
         self.stats.adapter_step = ready.step
         snapshot = self.backward.adapter_snapshot(version=ready.step)
         self.host.set_finetune_adapter(snapshot)

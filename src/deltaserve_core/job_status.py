@@ -32,6 +32,7 @@ class JobStatusMixin:
         self._paused_since: float | None = None
         self._paused_total_s = 0.0
         self._cancel_requested = False
+        self._cancel_requested_at: int | None = None  # unix time of the operator's cancel (kept in checkpoints)
         self._cancel_cmd: int | None = None
         self._cancel_retry_at = 0.0
         self._cancelled_at: int | None = None
@@ -81,32 +82,24 @@ class JobStatusMixin:
             return self.job_status()
         self._refuse_if_ended("cancel")
         self._cancel_requested = True
+        self._cancel_requested_at = int(time.time())
         self._admission_stopped = True
         log.info("fine-tuning cancelled by the operator: writing a final checkpoint")
         self.events.add("info", "cancellation requested: admission stopped, final checkpoint follows")
         self._advance_cancel()
         return self.job_status()
 
-    def _resume_cancelled(self, step: int) -> None:
-        """The checkpoint resumed from was written by or after a cancel: the job stays cancelled (no admission, its
-        published versions still served), as the operator left it."""
+    def _resume_cancelled(self, step: int, cancelled_at: int) -> None:
+        """The checkpoint resumed from was written by or after a cancel (at unix time ``cancelled_at``): the job stays
+        cancelled (no admission, its published versions still served), as the operator left it."""
         self._cancel_requested = True
+        self._cancel_requested_at = self._cancelled_at = cancelled_at
         self._admission_stopped = True
-        self._cancelled_at = self._checkpoint_time()
         log.warning("fine-tuning job %s was cancelled before this start (checkpoint at step %d): it stays cancelled "
                     "and trains nothing; to train this adapter again, start a job with a new checkpoint.dir",
                     self.job_id, step)
         self.events.add("warn", f"cancelled before this start (checkpoint at step {step}); not resumed",
                         data={"step": step})
-
-    def _checkpoint_time(self) -> int:
-        """When the newest checkpoint (the one resumed from) was written: the cancel's time as well as it is known."""
-        from .checkpoint import list_checkpoints
-
-        try:
-            return max(int(p.stat().st_mtime) for p in list_checkpoints(self.job.checkpoint.dir))
-        except (OSError, ValueError):
-            return int(time.time())
 
     def _refuse_if_ended(self, op: str) -> None:
         status = self._status()

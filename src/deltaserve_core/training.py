@@ -211,10 +211,10 @@ class TrainingMixin:
 
         # the job's shape goes with the pool, so the next start can refuse an incompatible job before it starts
         extra: dict[str, Any] = {"pool": self.pool.state_dict(), "job": resume_fields(self.job)}
-        if self._cancel_requested:
+        if self._cancel_requested_at is not None:
             # A cancel is final (as in OpenAI's API): every checkpoint from the cancel's on says so, and a restarted
             # server that resumes from one keeps the job cancelled instead of training on from the job file.
-            extra["cancelled"] = True
+            extra["cancelled_at"] = self._cancel_requested_at
         return extra
 
     def _skipped_nonfinite(self, rep: BackwardReport) -> None:
