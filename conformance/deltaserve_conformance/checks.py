@@ -2028,10 +2028,11 @@ def _dtype_probe(host, vocab_size: int) -> dict:  # noqa: ANN001
             "delivered": sorted(delivered), "lent": lent}
 
 
-def second_host_command(env: ConformanceEnv, dtype: str, entry: str) -> tuple[list[str], dict[str, str]]:
+def second_host_command(env: ConformanceEnv, dtype: str, entry: str, model_shape: str = "test"
+                        ) -> tuple[list[str], dict[str, str]]:
     """Command line and environment of a child process that runs ``entry`` (``module:function``) against a second
     host of ``env``'s kind: the function reads, as JSON in ``sys.argv[1]``, the spec, device, options and checkpoint
-    cache of ``env``'s host and ``dtype``, and starts it with :func:`.plugin.build_env`. A second engine never runs in
+    cache of ``env``'s host, ``dtype`` and ``model_shape``, and starts it with :func:`.plugin.build_env`. A second engine never runs in
     the suite's own process (engines hold process-wide state: CUDA contexts, compile caches, plugin registrations)."""
     import json
     import os
@@ -2039,7 +2040,8 @@ def second_host_command(env: ConformanceEnv, dtype: str, entry: str) -> tuple[li
 
     config = env.config
     args = {"spec": env.host_spec, "device": config.device if config else "cpu", "dtype": dtype,
-            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent)}
+            "options": dict(config.options) if config else {}, "cache": str(env.model_dir.parent),
+            "shape": model_shape}
     module, _, func = entry.partition(":")
     argv = [sys.executable, "-c", f"from {module} import {func}; {func}()", json.dumps(args)]
     return argv, dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -2055,7 +2057,7 @@ def second_host_from_argv() -> ConformanceEnv:
 
     args = json.loads(sys.argv[1])
     return build_env(args["spec"], device=args["device"], dtype=args["dtype"], options=args["options"],
-                     cache_dir=Path(args["cache"]), validate=False)
+                     cache_dir=Path(args["cache"]), validate=False, model_shape=args.get("shape", "test"))
 
 
 def _dtype_probe_child() -> None:
@@ -2142,4 +2144,5 @@ from . import checks_interleaving as _interleaving  # noqa: E402,F401
 from . import checks_lifecycle as _lifecycle  # noqa: E402,F401
 from . import checks_audit as _audit  # noqa: E402,F401
 from . import checks_reach as _reach  # noqa: E402,F401
+from . import checks_shapes as _shapes  # noqa: E402,F401
 from . import scenarios as _scenarios  # noqa: E402,F401

@@ -23,7 +23,7 @@ from deltaserve_core.types import FineTuneSample, ProposedBatch, StepRecord
 
 from .independent import IndependentModel
 
-__all__ = ["PROFILES", "Profile", "OfferLedger", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts",
+__all__ = ["MODEL_SHAPES", "PROFILES", "Profile", "OfferLedger", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts",
            "make_samples"]
 
 
@@ -43,6 +43,16 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "fast": Profile(generated_examples=8, stateful_examples=15, stateful_steps=30, max_requests=12, shrink=False),
     "thorough": Profile(generated_examples=120, stateful_examples=50, stateful_steps=60, max_requests=0, shrink=True),
+}
+
+
+#: Checkpoint shapes a host is started on (``build_tiny_llama`` keywords). ``test`` is the suite's own: 2 layers, 4
+#: heads over 2 KV heads, small enough to judge every check against transformers quickly. ``deep`` has what every
+#: production model has and ``test`` lacks: two-digit layer indices (12 layers), another GQA group size (8 heads over 2
+#: KV heads) and wider projections; checks_shapes.py re-runs the numeric checks on it in a child process.
+MODEL_SHAPES: dict[str, dict[str, int]] = {
+    "test": {},
+    "deep": {"num_layers": 12, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 512},
 }
 
 

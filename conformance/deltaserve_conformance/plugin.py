@@ -82,12 +82,21 @@ def _factory(spec: str):  # noqa: ANN202
 
 def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
               options: dict[str, str] | None = None, cache_dir: Path | None = None,
-              validate: bool = True, profile: str = "fast", seed: int | None = None) -> ConformanceEnv:
-    """Build the tiny checkpoint + adapters (cached) and start the host; used by the fixture and the meta-tests."""
+              validate: bool = True, profile: str = "fast", seed: int | None = None,
+              model_shape: str = "test") -> ConformanceEnv:
+    """Build the tiny checkpoint + adapters (cached) and start the host; used by the fixture and the meta-tests.
+    ``model_shape`` names an entry of :data:`.harness.MODEL_SHAPES` (its checkpoint and adapters live in a folder of
+    their own under the cache)."""
     from deltaserve_core.testing.tiny_model import build_lora_adapter, build_tiny_llama
 
+    from .harness import MODEL_SHAPES
+
+    if model_shape not in MODEL_SHAPES:
+        raise ValueError(f"model_shape={model_shape!r}: not one of {sorted(MODEL_SHAPES)}")
     root = cache_dir or Path(os.environ.get("DELTASERVE_CACHE", Path.home() / ".cache" / "deltaserve")) / "conformance"
-    model_dir = build_tiny_llama(root / "tiny-llama")
+    if model_shape != "test":
+        root = root / model_shape
+    model_dir = build_tiny_llama(root / "tiny-llama", **MODEL_SHAPES[model_shape])
     client_dir = build_lora_adapter(model_dir, root / "client-adapter", seed=1)
     ft_dir = build_lora_adapter(model_dir, root / "finetune-adapter", seed=2, r=8)
     config = HostConfig(model=str(model_dir), dtype=dtype, device=device, max_lora_rank=16,

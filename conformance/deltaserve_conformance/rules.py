@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Rule", "DocumentedRule", "RULES", "documented_rules", "rules_for"]
+__all__ = ["Rule", "DocumentedRule", "RULES", "SHAPE_RERUNS", "documented_rules", "rules_for"]
 
 _NORMATIVE = re.compile(r"\b(must|never|exactly|once per)\b", re.IGNORECASE)
 
@@ -274,6 +274,22 @@ RULES: tuple[Rule, ...] = (
     Rule("HostHooks.publish_adapter", "never serve the returned name without some of them",
          ("publish_adapter__every_target_module_serves_or_is_refused",)),
 )
+
+
+#: Checks checks_shapes.py runs again on a host started on the production-shaped checkpoint (``deep_model__<name>``):
+#: the numeric ones, whose truth a model shape can change (layer indices, GQA grouping, projection widths). Each re-run
+#: enforces the rules its original does.
+SHAPE_RERUNS: tuple[str, ...] = (
+    "capture_activation__matches_reference_forward",
+    "set_finetune_adapter__later_rows_use_the_new_weights",
+    "intercept_schedule__client_outputs_match_independent_model",
+    "publish_adapter__serves_published_weights",
+    "lends_base_weights__views_of_the_checkpoint",
+    "capture_activation__abort_stops_finetune_only_step",
+)
+
+RULES = tuple(Rule(r.where, r.phrase, r.checks + tuple(f"deep_model__{c}" for c in r.checks if c in SHAPE_RERUNS),
+                   r.core_obligation) for r in RULES)
 
 
 def rules_for(check_name: str) -> list[Rule]:

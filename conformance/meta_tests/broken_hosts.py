@@ -2086,6 +2086,31 @@ class UnfinishedLagsAdmissionHost(ReferenceHost):
         return super().has_unfinished()
 
 
+class OneDigitLayerIndexHost(ReferenceHost):
+    """Maps adapter keys to layers with a one-digit pattern: on a model of more than 10 layers, ``layers.10`` and
+    ``layers.11`` load into layer 1 and layers 10+ run without LoRA (blind batch 2026-12-06, h15). The suite's 2-layer
+    checkpoint never shows it; the deep-checkpoint re-runs do."""
+
+    name = "broken-one-digit-layer-index"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        import re
+
+        from deltaserve_core.adapter_state import parse_peft_key
+        from deltaserve_core.testing.reference_host import _Lora
+
+        digit = re.compile(r"layers\.(\d)")
+        pairs = {}
+        for key, tensor in state.tensors.items():
+            _, module, ab = parse_peft_key(key)
+            if ab != "A":
+                continue
+            b = state.tensors[key[: -len("A.weight")] + "B.weight"]
+            pairs[(int(digit.search(key).group(1)), module)] = (
+                tensor.detach().to(self.device, self.dtype, copy=True), b.detach().to(self.device, self.dtype, copy=True))
+        return _Lora(state.config.scaling, pairs)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -2243,6 +2268,11 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     ShutdownStepsPendingHost: "driver__shutdown_drops_pending_requests_without_stepping",
     GenerateAcceptsReservedHost: "intercept_schedule__reserved_adapter_refused_by_generate",
     UnfinishedLagsAdmissionHost: "driver__has_unfinished_from_another_thread_during_a_step",
+    # every adapter (client, fine-tuning, published) goes through the one loader
+    OneDigitLayerIndexHost: ("deep_model__capture_activation__matches_reference_forward",
+                             "deep_model__set_finetune_adapter__later_rows_use_the_new_weights",
+                             "deep_model__intercept_schedule__client_outputs_match_independent_model",
+                             "deep_model__publish_adapter__serves_published_weights"),
     LeavesHelperProcessHost: "driver__shutdown_leaves_nothing_running",
     LeavesEngineThreadHost: "driver__shutdown_leaves_nothing_running",
     # a case variant of the reserved name is an adapter it never loaded too: served on the base, not refused
