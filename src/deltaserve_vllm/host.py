@@ -335,6 +335,9 @@ class VllmHost(ChannelHooks):
             if core is not None and hasattr(core, "shutdown"):
                 core.shutdown()
             self._llm = None  # type: ignore[assignment]
+        # The engine object holds the output processor's per-request state and the tokenizer: drop every reference
+        # to it so pending requests' memory goes with it (HostDriver.shutdown: "it never keeps them referenced").
+        self._engine = self._lora_owner = _ShutDown(self.name)  # type: ignore[assignment]
         close_channel(self._channel.key)
         shutil.rmtree(self._tmp, ignore_errors=True)
 
@@ -348,6 +351,16 @@ class VllmHost(ChannelHooks):
         lora = LoRARequest(engine_name or name, next(self._lora_ids), str(path))
         self._engine.add_lora(lora)  # load now so the first request does not pay for it
         self._adapters[name] = lora
+
+
+class _ShutDown:
+    """Stands in for the engine once the host was shut down: any use says so instead of an AttributeError on None."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+
+    def __getattr__(self, attr: str) -> Any:
+        raise RuntimeError(f"host {self._host!r} was shut down; start a new host to serve again (used: {attr})")
 
 
 def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -> dict[str, Any]:
