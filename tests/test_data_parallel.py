@@ -1,0 +1,328 @@
+"""One fine-tuning job over two data-parallel ranks (deltaserve_core.data_parallel), on CPU.
+
+- the sample order: ranks claiming from one store take disjoint runs that cover every epoch;
+- global steps, with two real backward processes (one per rank) meeting in one TCPStore: the combined update equals
+  a plain PEFT step on the union of both ranks' samples (fp32, 1e-4) and both ranks hold bit-identical adapters;
+  a starved rank contributes nothing and still applies the step; a stalled rank is decided without after
+  ``step_timeout_s`` and applies the step anyway; a killed rank is decided without once its heartbeat stops, the
+  other goes on training, and the killed rank's restart replays the steps it missed from the store onto its
+  checkpoint, bit for bit;
+- the configuration: bad keys are refused at start, naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import random
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+from deltaserve_core.activation_buffer import ActivationBuffer
+from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.backward_process import BackwardProcess
+from deltaserve_core.data_parallel import DataParallelRank, RankPool, connect_store, resolve_rank
+from deltaserve_core.job_config import DataParallelSpec, JobConfigError, job_config_from_mapping
+from deltaserve_core.lora_backward import TrainerConfig
+from deltaserve_core.peft_steps import plain_peft_step
+from deltaserve_core.testing.capture import capture_forward
+from deltaserve_core.types import FineTuneSample
+
+from test_exactness import load_lora, lora_tensors, max_rel_err  # noqa: E402  (tests/ is on sys.path)
+
+pytestmark = pytest.mark.data_parallel
+
+TOL = 1e-4
+
+
+def _store_rank(rank: int, port: int, namespace: str, **spec_over: object) -> DataParallelRank:
+    spec = DataParallelSpec(**{"world_size": 2, "rendezvous": f"127.0.0.1:{port}", "step_timeout_s": 60.0,
+                               "claim_samples": 4, "keep_steps": 64, **spec_over})  # type: ignore[arg-type]
+    return DataParallelRank(spec, rank, namespace, heartbeat_timeout_s=2.0, store_timeout_s=20.0)
+
+
+@pytest.fixture()
+def store_server():  # noqa: ANN201
+    """The job's store, as rank 0's controller hosts it."""
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    yield server
+
+
+# ---------------------------------------------------------------------------------------------- the sample order
+
+
+def _samples(n: int, seed: int = 0) -> list[FineTuneSample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.randint(4, 30)
+        out.append(FineTuneSample(i, tuple(rng.randrange(100) for _ in range(length)),
+                                  tuple([False] * 2 + [True] * (length - 2))))
+    return out
+
+
+def test_ranks_claim_disjoint_runs_that_cover_every_epoch(store_server) -> None:  # noqa: ANN001
+    """Two ranks admit, abort and complete at their own pace, each over its own store connection: per epoch every
+    sample is trained exactly once, by one rank or the other."""
+    samples = _samples(37)
+    ns = uuid.uuid4().hex
+    trained: dict[int, list[tuple[int, int]]] = {0: [], 1: []}  # rank -> (epoch, sample id)
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            dp = _store_rank(rank, store_server.port, ns)
+            pool = RankPool(samples, connect_store(dp), rank=rank, claim_samples=5, epochs=3, seed=7)
+            rng = random.Random(rank)
+            while not pool.finished:
+                taken = list(pool.iter_by_length())[:rng.randint(1, 3)]
+                if not taken:
+                    time.sleep(0.001)
+                    continue
+                pool.claim(taken)
+                if rng.random() < 0.3:  # aborted step: back to this rank's pool
+                    pool.release([s.sample_id for s in taken])
+                    continue
+                trained[rank].extend((s.epoch, s.sample_id) for s in taken)
+                pool.complete([s.sample_id for s in taken])
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert trained[0] and trained[1], "one rank trained nothing: the test did not exercise sharing"
+    everything = trained[0] + trained[1]
+    for epoch in range(3):
+        ids = sorted(sid for e, sid in everything if e == epoch)
+        assert ids == list(range(37)), f"epoch {epoch}: samples trained twice or skipped"
+    assert not {x for x in trained[0]} & {x for x in trained[1]}
+
+
+def test_rank_pool_walks_its_own_samples_shortest_first(store_server) -> None:  # noqa: ANN001
+    samples = _samples(20, seed=3)
+    dp = _store_rank(0, store_server.port, uuid.uuid4().hex)
+    pool = RankPool(samples, connect_store(dp), rank=0, claim_samples=6, epochs=1, seed=1)
+    walk = list(pool.iter_by_length())
+    assert len(walk) == 6
+    assert [s.num_tokens for s in walk] == sorted(s.num_tokens for s in walk)
+    # the run is the first six positions of the single replica's order
+    from deltaserve_core.finetune_data import FinetunePool
+
+    order = FinetunePool(samples, epochs=1, seed=1).epoch_order(0)
+    assert {s.sample_id for s in walk} == set(order[:6])
+    with pytest.raises(ValueError, match="not in flight"):
+        pool.complete([walk[0].sample_id])
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+def test_bad_data_parallel_config_is_refused_naming_the_key(tmp_path) -> None:  # noqa: ANN001
+    base = {"dataset": "d.json", "checkpoint": {"dir": str(tmp_path), "every_steps": 10}}
+    with pytest.raises(JobConfigError, match=r"data_parallel\.rendezvous.*host:port"):
+        job_config_from_mapping({**base, "data_parallel": {"world_size": 2}})
+    with pytest.raises(JobConfigError, match=r"data_parallel\.keep_steps.*checkpoint\.every_steps"):
+        job_config_from_mapping({**base, "data_parallel": {"world_size": 2, "rendezvous": "h:1", "keep_steps": 10}})
+    with pytest.raises(JobConfigError, match=r"data_parallel\.world_siz.*did you mean"):
+        job_config_from_mapping({**base, "data_parallel": {"world_siz": 2}})
+    job = job_config_from_mapping({**base, "data_parallel": {"world_size": 2, "rendezvous": "node0:29555"}})
+    assert job.data_parallel.enabled and job.data_parallel.keep_steps == 64
+    assert not job_config_from_mapping(base).data_parallel.enabled
+    with pytest.raises(JobConfigError, match="DELTASERVE_DP_RANK"):
+        resolve_rank(job.data_parallel, env={})
+    with pytest.raises(JobConfigError, match=r"outside 0\.\.1"):
+        resolve_rank(job.data_parallel, env={"DELTASERVE_DP_RANK": "2"})
+    assert resolve_rank(job.data_parallel, env={"DELTASERVE_DP_RANK": "1"}) == 1
+
+
+# ---------------------------------------------------------------------------------------------- global steps
+
+
+def _sample(sid: int, length: int, rng: random.Random, vocab: int) -> FineTuneSample:
+    prompt = max(1, length // 3)
+    return FineTuneSample(sid, tuple(rng.randrange(vocab) for _ in range(length)),
+                          tuple([False] * prompt + [True] * (length - prompt)))
+
+
+class _Rank:
+    """One rank's backward process with its buffer and the model that stands in for its engine's forward."""
+
+    def __init__(self, rank: int, model_dir: str, adapter_dir: str, dp: DataParallelRank, step_tokens: int,
+                 ckpt: str) -> None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        self.rank = rank
+        self.buffer = ActivationBuffer(3, 64, capacity_tokens=1024)
+        self.capture = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                                 adapter_dir)
+        self.bp = BackwardProcess(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                                  LoraAdapterState.load_pretrained(adapter_dir), self.buffer,
+                                  config=TrainerConfig(backward_batch_tokens=step_tokens), checkpoint_dir=ckpt,
+                                  hang_timeout_s=60.0, torch_threads=1, data_parallel=dp)
+        self.reports: list = []
+        self._step_id = 0
+
+    def send(self, samples: list[FineTuneSample], version: int) -> int:
+        """Forward ``samples`` on the rank's live adapter (what its host serves) and send them as one part."""
+        load_lora(self.capture, self.bp.adapter.tensors)
+        for s in samples:
+            assert self.buffer.reserve(s) is not None
+        self._step_id += 1
+        done, aborted = capture_forward(self.capture, self.buffer, self._step_id, samples)
+        assert not aborted
+        return self.bp.accumulate(done, version=version)
+
+    def wait_for(self, kind: str, timeout: float = 90.0):  # noqa: ANN201
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, r in enumerate(self.reports):
+                if r.kind == kind:
+                    return self.reports.pop(i)
+            assert time.monotonic() < deadline, f"rank {self.rank}: no {kind!r} report; got {self.reports}"
+            self.reports += [r for r in self.bp.poll(0.05) if r.kind not in ("accumulated",)]
+
+    def live(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.bp.adapter.tensors.items()}
+
+
+@pytest.mark.exactness
+@pytest.mark.faults
+def test_two_ranks_global_steps_exact_straggler_and_fault(tiny_llama: tuple[str, str], tmp_path,  # noqa: ANN001
+                                                           store_server) -> None:  # noqa: ANN001
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model_dir, adapter_dir = tiny_llama
+    ref = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), adapter_dir,
+                                    is_trainable=True)
+    ref_opt = torch.optim.AdamW([p for p in ref.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.01)
+    vocab = ref.config.vocab_size
+    rng = random.Random(5)
+    sid = iter(range(10_000))
+
+    def batch(*lengths: int) -> list[FineTuneSample]:
+        return [_sample(next(sid), n, rng, vocab) for n in lengths]
+
+    step_tokens = 60  # the global step size: reached by both ranks' parts together, or by one big part
+    ns = uuid.uuid4().hex
+    ranks = [_Rank(r, model_dir, adapter_dir,
+                   _store_rank(r, store_server.port, ns, step_timeout_s=4.0, keep_steps=8),
+                   step_tokens, str(tmp_path / f"rank-{r}")) for r in (0, 1)]
+    r0, r1 = ranks
+    try:
+        for r in ranks:
+            r.bp.start()
+        for r in ranks:
+            assert r.bp.wait_ready(180).step == 0
+
+        def check(want_ids: list[FineTuneSample], label: str) -> None:
+            want = {k: v.detach() for k, v in lora_tensors(ref).items()}
+            err = max_rel_err(r0.live(), want)
+            assert err <= TOL, f"{label}: rank 0's adapter differs from PEFT on the union by {err:.3g}"
+            a, b = r0.live(), r1.live()
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{label}: the ranks' adapters differ"
+
+        # 1. both ranks contribute; the step closes when their tokens together reach step_tokens
+        a, b = batch(14, 16), batch(12, 18)
+        plain_peft_step(ref, ref_opt, a + b)
+        r0.send(a, version=0)
+        r1.send(b, version=0)
+        s0, s1 = r0.wait_for("step"), r1.wait_for("step")
+        assert s0.step == s1.step == 1
+        assert sorted(s0.sample_ids) == [s.sample_id for s in a] and sorted(s1.sample_ids) == [s.sample_id for s in b]
+        assert s0.extra["dp"]["ranks"] == [0, 1] and s0.extra["dp"]["tokens"] == 60
+        assert s0.loss == pytest.approx(s1.loss)
+        check(a + b, "step 1 (both ranks)")
+        for r in ranks:
+            assert r.buffer.free_tokens == r.buffer.capacity_tokens
+        ck = r1.bp.wait(r1.bp.save_checkpoint({"note": "after step 1"}), 60)
+        assert ck.kind == "checkpoint" and ck.extra["dp"]["seq"] == 1
+
+        # 2. straggler: rank 1 is starved; rank 0's part alone crosses the step size; rank 1 posts nothing and
+        #    still applies the step, which is the PEFT step on rank 0's samples alone
+        c = batch(30, 31)
+        plain_peft_step(ref, ref_opt, c)
+        r0.send(c, version=1)
+        s0, s1 = r0.wait_for("step"), r1.wait_for("step")
+        assert s0.step == s1.step == 2 and s1.sample_ids == () and s1.tokens == 0
+        assert s0.extra["dp"]["ranks"] == [0, 1] and s0.extra["dp"]["per_rank"]["1"]["samples"] == 0
+        check(c, "step 2 (rank 1 starved)")
+
+        # 3. a stalled rank: rank 1 holds a part but its backward is paused (its engine keeps the device) past
+        #    step_timeout_s; the step is decided without it, and rank 1 applies it anyway and hands its part back
+        r1.bp.grant.clear()
+        x = batch(10)
+        r1.send(x, version=2)
+        d = batch(33, 30)
+        plain_peft_step(ref, ref_opt, d)
+        r0.send(d, version=2)
+        s0 = r0.wait_for("step")
+        assert s0.step == 3 and s0.extra["dp"]["ranks"] == [0]
+        r1.bp.grant.set()
+        stale = r1.wait_for("stale")
+        assert stale.sample_ids == (x[0].sample_id,)
+        s1 = r1.wait_for("step")
+        assert s1.step == 3 and s1.sample_ids == ()
+        check(d, "step 3 (rank 1 stalled)")
+
+        # 4. fault: rank 1's backward is killed holding a part; rank 0 keeps training without waiting for it
+        #    longer than its heartbeat timeout, and the lost part is not in the adapter
+        y = batch(9)
+        r1.send(y, version=3)
+        os.kill(r1.bp.pid, signal.SIGKILL)
+        e = batch(29, 32)
+        plain_peft_step(ref, ref_opt, e)
+        r0.send(e, version=3)
+        s0 = r0.wait_for("step")
+        assert s0.step == 4 and s0.extra["dp"]["ranks"] == [0]
+        assert r1.wait_for("died").exitcode == -signal.SIGKILL
+        want = {k: v.detach() for k, v in lora_tensors(ref).items()}
+        assert max_rel_err(r0.live(), want) <= TOL, "rank 0 after rank 1 died"
+        f = batch(31, 30)
+        plain_peft_step(ref, ref_opt, f)
+        r0.send(f, version=4)
+        assert r0.wait_for("step").step == 5
+        assert max_rel_err(r0.live(), {k: v.detach() for k, v in lora_tensors(ref).items()}) <= TOL
+
+        # 5. rank 1 restarts: its checkpoint (step 1) plus the four decided steps replayed from the store give
+        #    rank 0's adapter bit for bit, and the next step has both ranks again
+        with torch.no_grad():  # what a dying process may leave in the shared adapter
+            for v in r1.bp.adapter.tensors.values():
+                v.zero_()
+        ck = r1.bp.restart(timeout=180)
+        assert ck is not None and ck.step == 1
+        replay = r1.bp.last_ready.extra["dp_replay"]
+        assert replay["from_seq"] == 1 and replay["steps"] == 4 and replay["own_ids"] == []
+        assert r1.bp.last_step == 5
+        assert r1.buffer.free_tokens == r1.buffer.capacity_tokens
+        check(f, "after rank 1's restart and replay")
+        g, h = batch(15, 15), batch(14, 16)
+        plain_peft_step(ref, ref_opt, g + h)
+        r0.send(g, version=5)
+        r1.send(h, version=5)
+        s0, s1 = r0.wait_for("step"), r1.wait_for("step")
+        assert s0.step == s1.step == 6 and s0.extra["dp"]["ranks"] == [0, 1]
+        check(g + h, "step 6 (both ranks again)")
+
+        # a part forwarded on an adapter a global step has since replaced is refused, not trained
+        r0.send(batch(5), version=5)
+        assert r0.wait_for("stale").message.startswith("forwarded on adapter step 5")
+    finally:
+        for r in ranks:
+            r.bp.kill()
+            r.bp.close()
+            r.buffer.close()
