@@ -239,6 +239,10 @@ class RankPool:
     def in_flight_ids(self) -> frozenset[int]:
         return frozenset(self._in_flight)
 
+    def in_flight_tokens(self, sample_ids: Iterable[int]) -> int:
+        """Tokens of these in-flight samples (ids not in flight count 0)."""
+        return sum(self._in_flight[i][0] for i in sample_ids if i in self._in_flight)
+
     # -- progress ----------------------------------------------------------------------------------------------
 
     @property
@@ -498,3 +502,128 @@ def set_flat_grad(params: Mapping[str, torch.nn.Parameter], flat: torch.Tensor) 
     if offset != flat.numel():
         raise ValueError(f"combined gradient has {flat.numel()} values, the adapter {offset}")
 
+
+
+# ---------------------------------------------------------------------------------------------- the controller side
+
+
+class DataParallelMixin:
+    """The co-serving controller's part of a data-parallel job (a part of
+    :class:`~deltaserve_core.coserve.CoServer`, whose state it uses; nothing here runs with ``world_size`` 1).
+
+    Every captured step goes to the backward at once, as a part tagged with the adapter step its forward ran on: the
+    global step is closed by the ranks' token counter in the backward processes, not here, so the scheduling thread
+    never waits for another rank. Reports the controller did not ask for (global steps, stale parts) arrive through
+    :meth:`~deltaserve_core.backward_process.BackwardProcess.poll` like any other."""
+
+    dp: DataParallelRank | None
+
+    def _dp_setup(self, engine_rank: int | None) -> None:
+        job = self.job  # type: ignore[attr-defined]
+        self.dp = None
+        self._dp_store: Any = None
+        self._admitted_version: dict[int, int] = {}
+        self._dp_close_requested: int | None = None
+        self._dp_last: dict[str, Any] | None = None
+        self._dp_rank_tokens: dict[int, int] = {}
+        self._dp_rank_samples: dict[int, int] = {}
+        self.dp_stale_parts = 0
+        if job.data_parallel.enabled:
+            rank = resolve_rank(job.data_parallel, engine_rank=engine_rank)
+            self.dp = DataParallelRank(job.data_parallel, rank, namespace=job.adapter_name,
+                                       heartbeat_timeout_s=max(2.0, min(30.0, job.data_parallel.step_timeout_s / 4)))
+
+    def _dp_start(self) -> None:
+        """Reach the store (rank 0 hosts it) and replace the pool by this rank's share of the global order."""
+        assert self.dp is not None
+        self._dp_store = connect_store(self.dp, host=self.dp.rank == 0)
+        ds = self.dataset  # type: ignore[attr-defined]
+        self.pool = RankPool(ds.samples, self._dp_store, rank=self.dp.rank,
+                             claim_samples=self.dp.spec.claim_samples, epochs=ds.config.epochs, seed=ds.config.seed,
+                             shuffle=ds.config.shuffle, fingerprint=ds.fingerprint)
+
+    def _dp_dispatch(self, record: Any) -> None:
+        """Send a step's captures to the backward as a part on the adapter they were forwarded with; captures whose
+        forward ran on an adapter a global step has replaced since go back to the pool instead (they would be
+        stale: exactness)."""
+        version = self._admitted_version.pop(record.step_id, None)
+        ids = list(record.finetune_sample_ids)
+        if version is None or version != self.stats.adapter_step or self._recovering is not None:  # type: ignore
+            self._dp_give_back(ids, free_slots=True)
+            return
+        self.backward.accumulate(ids, version=version)  # type: ignore[attr-defined]
+        self.stats.backward_parts += 1  # type: ignore[attr-defined]
+        self._step_ids.extend(ids)  # type: ignore[attr-defined]
+        self._step_tokens += record.finetune_tokens  # type: ignore[attr-defined]
+
+    def _dp_give_back(self, ids: Sequence[int], *, free_slots: bool) -> None:
+        if not ids:
+            return
+        self.dp_stale_parts += 1
+        if free_slots:
+            for sid in ids:
+                self.buffer.release(sid)  # type: ignore[attr-defined]
+        gone = set(ids)
+        self._step_ids = [i for i in self._step_ids if i not in gone]  # type: ignore[attr-defined]
+        held = self.pool.in_flight_ids()  # type: ignore[attr-defined]
+        self.pool.release([i for i in ids if i in held])  # type: ignore[attr-defined]
+        self._step_tokens = self.pool.in_flight_tokens(self._step_ids)  # type: ignore[attr-defined]
+
+    def _dp_step_landed(self, rep: Any) -> None:
+        info = rep.extra.get("dp") or {}
+        self._dp_last = info
+        for r, m in (info.get("per_rank") or {}).items():
+            self._dp_rank_tokens[int(r)] = self._dp_rank_tokens.get(int(r), 0) + int(m["tokens"])
+            self._dp_rank_samples[int(r)] = self._dp_rank_samples.get(int(r), 0) + int(m["samples"])
+        done = set(rep.sample_ids)
+        self._step_ids = [i for i in self._step_ids if i not in done]  # type: ignore[attr-defined]
+        # parts sent after the step closed stay open (they come back stale if a step replaced their adapter)
+        self._step_tokens = self.pool.in_flight_tokens(self._step_ids)  # type: ignore[attr-defined]
+
+    def _dp_step_full(self) -> bool:
+        """This rank sent a whole global step's worth of tokens to the open step: it admits no more until the step
+        lands, which bounds a global step to ``world_size`` such shares (the counter closes it at the first
+        ``backward_batch_tokens`` accumulated across ranks; ranks still forwarding at that moment add theirs)."""
+        return self._step_tokens >= self.job.backward_batch_tokens  # type: ignore[attr-defined]
+        self._dp_close_requested = None
+
+    def _dp_maybe_close(self) -> None:
+        """This rank can admit nothing more until a global step lands (its share of the data is out, or all of it is
+        in flight): ask for the open step now rather than wait for tokens that may never come."""
+        bw = self.backward  # type: ignore[attr-defined]
+        step = self.stats.adapter_step  # type: ignore[attr-defined]
+        if self._dp_close_requested != step and self._step_ids:  # type: ignore[attr-defined]
+            self._dp_close_requested = step
+            bw.apply()
+
+    def _dp_recovered(self, step: int) -> None:
+        """After this rank's backward restarted and replayed the decided steps: samples of its own that the replay
+        shows trained are done, every other sample it held goes back to its pool (the restart dropped their
+        captures), and forwards still in the host are marked stale."""
+        bw = self.backward  # type: ignore[attr-defined]
+        replay = (bw.last_ready.extra.get("dp_replay") if bw.last_ready is not None else None) or {}
+        held = self.pool.in_flight_ids()  # type: ignore[attr-defined]
+        trained = sorted(set(replay.get("own_ids", ())) & held)
+        if trained:
+            self.pool.complete(trained)  # type: ignore[attr-defined]
+        in_host = {s.sample_id for v in self._admitted.values() for s in v}  # type: ignore[attr-defined]
+        back = sorted(self.pool.in_flight_ids() - in_host)  # type: ignore[attr-defined]
+        if back:
+            self.pool.release(back)  # type: ignore[attr-defined]
+        for k in self._admitted_version:
+            self._admitted_version[k] = -1
+        self._dp_close_requested = None
+        log.info("rank %d caught up: %d global steps replayed from the store (from step sequence %s), %d of its "
+                 "samples found trained, %d given back to its pool", self.dp.rank if self.dp else -1,
+                 int(replay.get("steps", 0)), replay.get("from_seq"), len(trained), len(back))
+
+    def _dp_status(self) -> dict[str, Any]:
+        """Per-rank and total progress for the jobs API and the logs."""
+        assert self.dp is not None
+        total_tokens = sum(self._dp_rank_tokens.values())
+        return {"rank": self.dp.rank, "world_size": self.dp.world_size,
+                "last_global_step": self._dp_last, "stale_parts": self.dp_stale_parts,
+                "trained_tokens_by_rank": {str(r): t for r, t in sorted(self._dp_rank_tokens.items())},
+                "trained_samples_by_rank": {str(r): n for r, n in sorted(self._dp_rank_samples.items())},
+                "trained_tokens_all_ranks": total_tokens,
+                "this_rank": self.pool.progress()}  # type: ignore[attr-defined]
