@@ -3,10 +3,12 @@
 - the sample order: ranks claiming from one store take disjoint runs that cover every epoch;
 - global steps, with two real backward processes (one per rank) meeting in one TCPStore: the combined update equals
   a plain PEFT step on the union of both ranks' samples (fp32, 1e-4) and both ranks hold bit-identical adapters;
-  a starved rank contributes nothing and still applies the step; a stalled rank is decided without after
-  ``step_timeout_s`` and applies the step anyway; a killed rank is decided without once its heartbeat stops, the
-  other goes on training, and the killed rank's restart replays the steps it missed from the store onto its
-  checkpoint, bit for bit;
+  a starved rank contributes nothing and still applies the step; a rank whose engine holds the device drops its open
+  share and contributes nothing rather than hold the step; a silent rank (SIGSTOP) is decided without once its
+  heartbeat is stale and, resumed, applies the step anyway and hands its part back; a killed rank is decided without,
+  the other goes on training, and the killed rank's restart replays the steps it missed from the store onto its
+  checkpoint, bit for bit; the two-rank co-serving job (two reference hosts, each with its own CoServer) trains
+  every sample once per epoch and ends on the PEFT loop over the union of each global step's samples;
 - the configuration: bad keys are refused at start, naming the key, the value and the fix.
 """
 
@@ -186,14 +188,16 @@ class _Rank:
         assert not aborted
         return self.bp.accumulate(done, version=version)
 
-    def wait_for(self, kind: str, timeout: float = 90.0):  # noqa: ANN201
+    def wait_for(self, kind: str, ids: list[FineTuneSample] | None = None, timeout: float = 90.0):  # noqa: ANN201
+        """The first report of ``kind`` (about exactly these samples, when given)."""
+        want = None if ids is None else tuple(s.sample_id for s in ids)
         deadline = time.monotonic() + timeout
         while True:
             for i, r in enumerate(self.reports):
-                if r.kind == kind:
+                if r.kind == kind and (want is None or tuple(r.sample_ids) == want):
                     return self.reports.pop(i)
             assert time.monotonic() < deadline, f"rank {self.rank}: no {kind!r} report; got {self.reports}"
-            self.reports += [r for r in self.bp.poll(0.05) if r.kind not in ("accumulated",)]
+            self.reports += self.bp.poll(0.05)
 
     def live(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.bp.adapter.tensors.items()}
@@ -262,8 +266,8 @@ def test_two_ranks_global_steps_exact_straggler_and_fault(tiny_llama: tuple[str,
         assert s0.extra["dp"]["ranks"] == [0, 1] and s0.extra["dp"]["per_rank"]["1"]["samples"] == 0
         check(c, "step 2 (rank 1 starved)")
 
-        # 3. a stalled rank: rank 1 holds a part but its backward is paused (its engine keeps the device) past
-        #    step_timeout_s; the step is decided without it, and rank 1 applies it anyway and hands its part back
+        # 3. a busy rank: rank 1's engine keeps the device (grant cleared) while it holds a part; when the step
+        #    closes it drops its open share (handed back for re-admission) and contributes nothing, at once
         r1.bp.grant.clear()
         x = batch(10)
         r1.send(x, version=2)
@@ -271,34 +275,53 @@ def test_two_ranks_global_steps_exact_straggler_and_fault(tiny_llama: tuple[str,
         plain_peft_step(ref, ref_opt, d)
         r0.send(d, version=2)
         s0 = r0.wait_for("step")
-        assert s0.step == 3 and s0.extra["dp"]["ranks"] == [0]
+        assert s0.step == 3 and s0.extra["dp"]["ranks"] == [0, 1] and s0.extra["dp"]["per_rank"]["1"]["samples"] == 0
+        cancelled = r1.wait_for("cancelled")
+        assert cancelled.sample_ids == (x[0].sample_id,)
+        s1 = r1.wait_for("step")
+        assert s1.step == 3 and s1.sample_ids == ()
         r1.bp.grant.set()
+        check(d, "step 3 (rank 1 busy)")
+
+        # 3b. a silent rank (alive, no heartbeat: SIGSTOP) holding an accumulated part: the step is decided without
+        #     it once its heartbeat is older than the timeout; resumed, it applies the decided step anyway and hands
+        #     its part back as stale, so both adapters stay identical
+        x = batch(10)
+        r1.send(x, version=3)
+        r1.wait_for("accumulated", x)
+        d = batch(33, 30)
+        plain_peft_step(ref, ref_opt, d)
+        os.kill(r1.bp.pid, signal.SIGSTOP)
+        r0.send(d, version=3)
+        s0 = r0.wait_for("step")
+        assert s0.step == 4 and s0.extra["dp"]["ranks"] == [0]
+        os.kill(r1.bp.pid, signal.SIGCONT)
         stale = r1.wait_for("stale")
         assert stale.sample_ids == (x[0].sample_id,)
         s1 = r1.wait_for("step")
-        assert s1.step == 3 and s1.sample_ids == ()
-        check(d, "step 3 (rank 1 stalled)")
+        assert s1.step == 4 and s1.sample_ids == ()
+        check(d, "step 4 (rank 1 silent)")
 
         # 4. fault: rank 1's backward is killed holding a part; rank 0 keeps training without waiting for it
         #    longer than its heartbeat timeout, and the lost part is not in the adapter
         y = batch(9)
-        r1.send(y, version=3)
+        r1.send(y, version=4)
         os.kill(r1.bp.pid, signal.SIGKILL)
         e = batch(29, 32)
         plain_peft_step(ref, ref_opt, e)
-        r0.send(e, version=3)
+        r0.send(e, version=4)
         s0 = r0.wait_for("step")
-        assert s0.step == 4 and s0.extra["dp"]["ranks"] == [0]
+        assert s0.step == 5 and s0.extra["dp"]["ranks"] == [0]
         assert r1.wait_for("died").exitcode == -signal.SIGKILL
         want = {k: v.detach() for k, v in lora_tensors(ref).items()}
         assert max_rel_err(r0.live(), want) <= TOL, "rank 0 after rank 1 died"
         f = batch(31, 30)
         plain_peft_step(ref, ref_opt, f)
-        r0.send(f, version=4)
-        assert r0.wait_for("step").step == 5
+        r0.send(f, version=5)
+        assert r0.wait_for("step").step == 6
         assert max_rel_err(r0.live(), {k: v.detach() for k, v in lora_tensors(ref).items()}) <= TOL
 
-        # 5. rank 1 restarts: its checkpoint (step 1) plus the four decided steps replayed from the store give
+        # 5. rank 1 restarts: its checkpoint (step 1) plus the five decided steps replayed from the store give
         #    rank 0's adapter bit for bit, and the next step has both ranks again
         with torch.no_grad():  # what a dying process may leave in the shared adapter
             for v in r1.bp.adapter.tensors.values():
@@ -306,21 +329,21 @@ def test_two_ranks_global_steps_exact_straggler_and_fault(tiny_llama: tuple[str,
         ck = r1.bp.restart(timeout=180)
         assert ck is not None and ck.step == 1
         replay = r1.bp.last_ready.extra["dp_replay"]
-        assert replay["from_seq"] == 1 and replay["steps"] == 4 and replay["own_ids"] == []
-        assert r1.bp.last_step == 5
+        assert replay["from_seq"] == 1 and replay["steps"] == 5 and replay["own_ids"] == []
+        assert r1.bp.last_step == 6
         assert r1.buffer.free_tokens == r1.buffer.capacity_tokens
         check(f, "after rank 1's restart and replay")
         g, h = batch(15, 15), batch(14, 16)
         plain_peft_step(ref, ref_opt, g + h)
-        r0.send(g, version=5)
-        r1.send(h, version=5)
+        r0.send(g, version=6)
+        r1.send(h, version=6)
         s0, s1 = r0.wait_for("step"), r1.wait_for("step")
-        assert s0.step == s1.step == 6 and s0.extra["dp"]["ranks"] == [0, 1]
-        check(g + h, "step 6 (both ranks again)")
+        assert s0.step == s1.step == 7 and s0.extra["dp"]["ranks"] == [0, 1]
+        check(g + h, "step 7 (both ranks again)")
 
         # a part forwarded on an adapter a global step has since replaced is refused, not trained
-        r0.send(batch(5), version=5)
-        assert r0.wait_for("stale").message.startswith("forwarded on adapter step 5")
+        r0.send(batch(5), version=6)
+        assert r0.wait_for("stale").message.startswith("forwarded on adapter step 6")
     finally:
         for r in ranks:
             r.bp.kill()

@@ -161,6 +161,7 @@ def _child_main(spec: _ChildSpec) -> None:
         t0 = time.monotonic()
         ctl[_PAUSED_AT] = t0
         ctl[_STATE] = _PAUSED
+        looked = t0
         while not spec.grant.is_set():
             time.sleep(spec.pause_poll_s)
             beat()
@@ -168,6 +169,12 @@ def _child_main(spec: _ChildSpec) -> None:
                 os._exit(0)
             if ctl[_CANCEL]:
                 raise BackwardCancelled("cancelled by the controller while paused")
+            if exch is not None and time.monotonic() - looked > 0.05:
+                looked = time.monotonic()
+                if exch.closed():
+                    # A rank whose engine keeps the device must not hold the others' global step: it drops its open
+                    # share (the controller re-admits those samples) and contributes nothing to this step.
+                    raise BackwardCancelled("a global step closed while this rank's backward was paused")
         t1 = time.monotonic()
         ctl[_RESUMED_AT] = t1
         ctl[_STATE] = _TRAINING
