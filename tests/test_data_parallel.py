@@ -79,13 +79,16 @@ def test_ranks_claim_disjoint_runs_that_cover_every_epoch(store_server) -> None:
     ns = uuid.uuid4().hex
     trained: dict[int, list[tuple[int, int]]] = {0: [], 1: []}  # rank -> (epoch, sample id)
     errors: list[BaseException] = []
+    both_connected = threading.Barrier(2, timeout=30)
 
     def run(rank: int) -> None:
         try:
             dp = _store_rank(rank, store_server.port, ns)
             pool = RankPool(samples, connect_store(dp), rank=rank, claim_samples=5, epochs=3, seed=7)
             rng = random.Random(rank)
+            both_connected.wait()
             while not pool.finished:
+                time.sleep(0.001)  # both ranks admit over the same stretch of time, as replicas do
                 taken = list(pool.iter_by_length())[:rng.randint(1, 3)]
                 if not taken:
                     time.sleep(0.001)
@@ -153,11 +156,70 @@ def test_bad_data_parallel_config_is_refused_naming_the_key(tmp_path) -> None:  
 # ---------------------------------------------------------------------------------------------- global steps
 
 
+def test_exchange_combines_token_weighted_and_identically_past_the_stores_value_limit(store_server) -> None:  # noqa: ANN001
+    """Two ranks' exchanges (one thread each, own connections) over contributions larger than the store's 8 MiB
+    value limit (an 8B model's rank-16 adapter is 54 MB of fp32 gradients): both get the same tensor, which is the
+    sum of the gradient sums divided by the total target tokens; a rank with nothing adds zeros and no tokens."""
+    from deltaserve_core.data_parallel import Contribution, GradientExchange
+
+    ns = uuid.uuid4().hex
+    n = 3_000_000  # 12 MB of fp32
+    g0, g1 = torch.randn(n, generator=torch.Generator().manual_seed(0)), torch.randn(n)
+    mine = {0: Contribution(g0, 30, 50, 12.0, (1, 2)), 1: Contribution(g1, 10, 20, 3.0, (7,))}
+    results: dict = {}
+
+    def run(rank: int, contributions: dict) -> None:
+        exch = GradientExchange(connect_store(_store_rank(rank, store_server.port, ns)), _store_rank(rank, 0, ns),
+                                step_tokens=60)
+        exch.heartbeat(force=True)
+        if rank == 0:
+            exch.add_tokens(70)  # the counter crosses 60: the step closes
+        while not exch.closed():
+            time.sleep(0.005)
+        results[rank] = exch.exchange(contributions[rank])
+
+    for round_, contributions in enumerate((mine, {0: mine[0], 1: Contribution(None, 0, 0, 0.0, ())})):
+        threads = [threading.Thread(target=run, args=(r, contributions)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        a, b = results.pop(0), results.pop(1)
+        assert a.seq == b.seq == 0 and a.ranks == b.ranks == (0, 1)
+        assert torch.equal(a.grad, b.grad), "the ranks combined different gradients"
+        targets = sum(c.targets for c in contributions.values())
+        want = sum(c.grad_sum for c in contributions.values() if c.grad_sum is not None) / targets
+        assert torch.allclose(a.grad, want, rtol=1e-6, atol=1e-7)
+        assert a.loss == pytest.approx(sum(c.loss_sum for c in contributions.values()) / targets)
+        assert a.per_rank[1]["samples"] == len(contributions[1].sample_ids)
+        ns = uuid.uuid4().hex  # the second round is a fresh job: its own step 0
+
+
+
 def _sample(sid: int, length: int, rng: random.Random, vocab: int) -> FineTuneSample:
     prompt = max(1, length // 3)
     return FineTuneSample(sid, tuple(rng.randrange(vocab) for _ in range(length)),
                           tuple([False] * prompt + [True] * (length - prompt)))
 
+
+def test_a_rank_that_cannot_be_brought_level_is_refused_at_start(store_server) -> None:  # noqa: ANN001
+    """A whole-job restart on a fresh store where the ranks' newest checkpoints are at different global steps: the
+    steps between them are in no store, so replay cannot make the adapters equal; the later rank is refused, naming
+    the fix, instead of training a diverged adapter."""
+    from deltaserve_core.data_parallel import GradientExchange
+
+    ns = uuid.uuid4().hex
+
+    def exch(rank: int, seq: int) -> GradientExchange:
+        dp = _store_rank(rank, store_server.port, ns)
+        return GradientExchange(connect_store(dp), dp, step_tokens=10, seq=seq)
+
+    exch(0, 5).check_resume(5)  # the first rank fixes where this store's job resumes
+    exch(1, 5).check_resume(5)
+    with pytest.raises(LookupError, match="checkpoints differ.*Copy the newest checkpoint folder"):
+        exch(1, 3).check_resume(3)
+    with pytest.raises(LookupError, match="store started at step 5"):
+        exch(1, 7).check_resume(7)
 
 class _Rank:
     """One rank's backward process with its buffer and the model that stands in for its engine's forward."""

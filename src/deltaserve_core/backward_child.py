@@ -336,10 +336,16 @@ def _join_data_parallel(spec: _ChildSpec, trainer: Any, resumed: Checkpoint | No
     exch = GradientExchange(connect_store(dp), dp, step_tokens=spec.config.backward_batch_tokens, seq=seq)
     own: list[int] = []
     steps = 0
-    for result in exch.replayable(seq):
-        _apply_combined(trainer, result)
-        own.extend(result.per_rank.get(dp.rank, {}).get("ids", ()))
-        steps += 1
+    try:
+        exch.check_resume(seq)
+        for result in exch.replayable(seq):
+            _apply_combined(trainer, result)
+            own.extend(result.per_rank.get(dp.rank, {}).get("ids", ()))
+            steps += 1
+    except LookupError as exc:
+        # the controller's wait_ready names this instead of a bare exit code
+        spec.reports.put(BackwardReport("error", message=str(exc), time=time.monotonic()))
+        raise
     exch.heartbeat(force=True)
     return exch, {"from_seq": seq, "seq": exch.seq, "steps": steps, "own_ids": own}
 

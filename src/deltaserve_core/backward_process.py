@@ -224,8 +224,10 @@ class BackwardProcess:
                 rep = self._reports.get(timeout=0.1)
             except queue.Empty:
                 if not self._proc.is_alive():
+                    why = [r.message for r in self._backlog if r.kind == "error" and r.message]
                     raise BackwardProcessError(
-                        f"backward process exited during start-up (exit code {self._proc.exitcode})")
+                        f"backward process exited during start-up (exit code {self._proc.exitcode})"
+                        + (f": {why[-1]}" if why else ""))
                 if time.monotonic() > deadline:
                     raise BackwardProcessError(f"backward process not ready after {timeout:.0f} s")
                 continue

@@ -54,6 +54,9 @@ __all__ = ["ENV_RANK", "Contribution", "DataParallelRank", "ExchangeResult", "Gr
 
 log = logging.getLogger("deltaserve.data_parallel")
 
+#: bytes per store value of a contribution (the store's server refuses values over 8 MiB)
+_CHUNK = 4 << 20
+
 #: the environment variable that tells a replica its rank (every replica reads the same job file)
 ENV_RANK = "DELTASERVE_DP_RANK"
 
@@ -414,7 +417,7 @@ class GradientExchange:
         seq = self.seq
         decision = self.decided(seq)
         if decision is None:  # a rank posting after the decision would only waste the store's memory
-            self.store.set(f"c/{seq}/{self.rank}", mine.encode())
+            self._post(seq, mine.encode())
         started = time.monotonic()
         while decision is None:
             self.heartbeat()
@@ -442,7 +445,7 @@ class GradientExchange:
         loss_sum = 0.0
         per_rank: dict[int, dict[str, Any]] = {}
         for r in sorted(ranks):
-            c = Contribution.decode(self.store.get(f"c/{seq}/{r}"))
+            c = Contribution.decode(self._fetch(seq, r))
             per_rank[r] = {"tokens": c.tokens, "targets": c.targets, "samples": len(c.sample_ids),
                            "ids": list(c.sample_ids)}
             targets += c.targets
@@ -456,11 +459,27 @@ class GradientExchange:
         return ExchangeResult(seq, tuple(sorted(ranks)), grad, targets, tokens,
                               loss_sum / targets if targets else None, per_rank, self.rank in ranks)
 
+    def _post(self, seq: int, payload: bytes) -> None:
+        # The store refuses values over 8 MiB (torch's libuv server), and an 8B model's rank-16 adapter is 54 MB of
+        # fp32 gradients: chunks first, then the key that says how many, so a present key means a whole contribution.
+        chunks = [payload[i:i + _CHUNK] for i in range(0, len(payload), _CHUNK)] or [b""]
+        for i, chunk in enumerate(chunks):
+            self.store.set(f"c/{seq}/{self.rank}/{i}", chunk)
+        self.store.set(f"c/{seq}/{self.rank}", str(len(chunks)))
+
+    def _fetch(self, seq: int, rank: int) -> bytes:
+        n = int(self.store.get(f"c/{seq}/{rank}"))
+        return b"".join(self.store.get(f"c/{seq}/{rank}/{i}") for i in range(n))
+
     def _prune(self, seq: int) -> None:
         old = seq - self.dp.spec.keep_steps
-        if old >= 0:
+        if old >= 0 and self.store.check([f"c/{old}/{self.rank}"]):
             # each rank deletes its own contribution and the counters; the decision goes with rank 0's
+            n = int(self.store.get(f"c/{old}/{self.rank}"))
             self.store.delete_key(f"c/{old}/{self.rank}")
+            for i in range(n):
+                self.store.delete_key(f"c/{old}/{self.rank}/{i}")
+        if old >= 0:
             if self.rank == 0:
                 # raised before the keys go, so a catching-up rank never mistakes a pruned step for an open one
                 floor = int(self.store.add("pruned_below", 0))
@@ -468,6 +487,18 @@ class GradientExchange:
                     self.store.add("pruned_below", old + 1 - floor)
                 for key in (f"d/{old}", f"t/{old}", f"x/{old}"):
                     self.store.delete_key(key)
+
+    def check_resume(self, seq: int) -> None:
+        """Refuse to join at global step ``seq`` when this rank's adapter cannot be the others': the store was
+        started at another step than this rank's checkpoint (a whole-job restart where the ranks' newest
+        checkpoints differ), so no replay can bring them together. ``LookupError`` says what to do."""
+        base = int(self.store.compare_set("resume_seq", "", str(seq)))
+        if seq < base or (seq > base and self.decided(seq - 1) is None):
+            raise LookupError(
+                f"rank {self.rank} resumes at global step {seq} but this job's store started at step {base}: the "
+                f"ranks' newest checkpoints differ and the steps between them are not in the store. Copy the "
+                f"newest checkpoint folder that every rank has (the same step in each rank-<r> folder: ranks hold "
+                f"identical adapters) so all ranks resume at one step, then restart every rank")
 
     def replayable(self, seq: int) -> Iterator[ExchangeResult]:
         """The decided steps from ``seq`` on (a restarted backward catching up from its checkpoint), each as
