@@ -144,6 +144,10 @@ class BackwardProcess:
         sync_each_layer: on CUDA, synchronise the child's stream at each layer boundary (bounds preemption latency).
         pause_poll_s: how often a paused child looks at the grant again (resume latency).
         release_consumed: the child frees the buffer slots of every sample it trained on (the paper's behaviour).
+        data_parallel: this rank's :class:`~deltaserve_core.data_parallel.DataParallelRank` in a job over several
+            replicas: the child then trains in global steps (parts with :meth:`accumulate` and their adapter
+            version; :meth:`apply` closes the open global step early), resumes by replaying the store's decided
+            steps after its checkpoint, and reports steps it did not ask for. ``None``: one replica.
 
     All methods are called by the controller, from one thread.
     """
@@ -151,7 +155,8 @@ class BackwardProcess:
     def __init__(self, model: nn.Module, adapter: LoraAdapterState, buffer: ActivationBuffer, *,
                  config: TrainerConfig = TrainerConfig(), checkpoint_dir: str | os.PathLike[str] | None = None,
                  keep_checkpoints: int = 3, hang_timeout_s: float = 120.0, torch_threads: int | None = None,
-                 sync_each_layer: bool = True, pause_poll_s: float = 0.0005, release_consumed: bool = True) -> None:
+                 sync_each_layer: bool = True, pause_poll_s: float = 0.0005, release_consumed: bool = True,
+                 data_parallel: Any = None) -> None:
         self.model = share_model_weights(model)
         tensors = {}
         for k, v in adapter.tensors.items():
@@ -170,6 +175,9 @@ class BackwardProcess:
         self.sync_each_layer = sync_each_layer
         self.pause_poll_s = pause_poll_s
         self.release_consumed = release_consumed
+        self.data_parallel = data_parallel
+        #: the child's last ``ready`` report (a data-parallel restart's replay is in its ``extra["dp_replay"]``)
+        self.last_ready: BackwardReport | None = None
         #: the GPU grant: set = the backward may run; the controller clears it before steps with prefill tokens
         self.grant = SharedFlag(True)
         self._control = SharedArray((_NCTL,), torch.float64, fill=0)
@@ -204,7 +212,7 @@ class BackwardProcess:
                           self.adapter.base_model_path, dict(self.adapter.tensors), self.buffer, self.config,
                           self.grant, self._control, self._commands, self._reports, self.checkpoint_dir,
                           self.keep_checkpoints, resume, self.torch_threads, self.sync_each_layer, self.pause_poll_s,
-                          self.release_consumed)
+                          self.release_consumed, self.data_parallel)
         self._proc = self._ctx.Process(target=_child_main, args=(spec,), name="deltaserve-backward", daemon=True)
         self._proc.start()
 
@@ -216,13 +224,16 @@ class BackwardProcess:
                 rep = self._reports.get(timeout=0.1)
             except queue.Empty:
                 if not self._proc.is_alive():
+                    why = [r.message for r in self._backlog if r.kind == "error" and r.message]
                     raise BackwardProcessError(
-                        f"backward process exited during start-up (exit code {self._proc.exitcode})")
+                        f"backward process exited during start-up (exit code {self._proc.exitcode})"
+                        + (f": {why[-1]}" if why else ""))
                 if time.monotonic() > deadline:
                     raise BackwardProcessError(f"backward process not ready after {timeout:.0f} s")
                 continue
             if rep.kind == "ready":
                 self.last_step = rep.step
+                self.last_ready = rep
                 return rep
             self._backlog.append(rep)
 
@@ -310,14 +321,20 @@ class BackwardProcess:
             raise ValueError("train_batch needs at least one sample")
         return self._send("train", list(ids), ids)
 
-    def accumulate(self, sample_ids: Sequence[int]) -> int:
+    def accumulate(self, sample_ids: Sequence[int], version: int | None = None) -> int:
         """Add these captured samples to the open optimizer step (their gradients; the adapter does not change).
 
         Admission may go on while this runs: every forward until :meth:`apply` uses the same adapter. Their buffer
-        slots are freed as soon as their part is done."""
+        slots are freed as soon as their part is done. ``version``: the adapter step their forward ran on, required
+        with data parallelism (a global step may land between the forward and this part: the child then refuses the
+        part as ``stale``), ignored without."""
         ids = tuple(int(s) for s in sample_ids)
         if not ids:
             raise ValueError("accumulate needs at least one sample")
+        if self.data_parallel is not None:
+            if version is None:
+                raise ValueError("a data-parallel rank's parts need the adapter version their forward ran on")
+            return self._send("accumulate", {"ids": list(ids), "version": int(version)}, ids)
         return self._send("accumulate", list(ids), ids)
 
     def apply(self) -> int:

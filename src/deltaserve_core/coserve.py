@@ -53,6 +53,7 @@ from .base_weights import backward_base_model, model_on_lent_weights
 from .checkpoint import check_writable_dir
 from .cleanup import clean_stale_files
 from .coserve_stats import CoServeStats
+from .data_parallel import DataParallelMixin
 from .finetune_data import DataConfig, FinetuneDataset, FinetunePool
 from .hooks import HostHooks, validate_host
 from .host_work import INSTALL, PUBLISH, HostWorkMixin, timed
@@ -75,7 +76,7 @@ log = logging.getLogger("deltaserve.coserve")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
+class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, DataParallelMixin):
     """Co-serve one LoRA fine-tuning job on ``host``. See the module docstring.
 
     Construction validates the host and loads the dataset (bad records counted and reported; an unusable
@@ -88,7 +89,7 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
                  backward_threads: int | None = None, hang_timeout_s: float = 120.0,
                  log_every_s: float = 10.0, resume: bool = True, preempt_decode: bool | None = None,
                  admission: AdmissionPolicy | None = None, host_work_deadline_s: float = 2.0,
-                 nonfinite_pause_after: int = 3, save_retry_s: float = 30.0) -> None:
+                 nonfinite_pause_after: int = 3, save_retry_s: float = 30.0, dp_rank: int | None = None) -> None:
         """``latency_model``: a fitted model; without one, :meth:`start` calibrates the host (or reuses its stored
         profile) with ``calibration`` passed to :func:`~deltaserve_core.calibration.load_or_calibrate`, after the
         fine-tuning adapter is loaded so that profiled fine-tuning rows run exactly as admitted ones will.
@@ -104,7 +105,9 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
         the job's settings (learning rate, data) are then wrong, and training on would only waste the device.
         ``save_retry_s``: once :data:`MAX_CONSECUTIVE_SAVE_FAILURES` saves in a row failed and fine-tuning paused,
         a save is retried this often (from :meth:`poll`); the first that succeeds resumes fine-tuning, so a disk
-        that filled up and was cleared needs no restart."""
+        that filled up and was cleared needs no restart.
+        ``dp_rank``: this replica's rank when the job's ``data_parallel.world_size`` is above 1 (an engine adapter
+        passes its own data-parallel rank; without it ``$DELTASERVE_DP_RANK``); see :mod:`.data_parallel`."""
         if not (math.isfinite(save_retry_s) and save_retry_s > 0):
             raise ValueError(f"save_retry_s must be a positive number of seconds, got {save_retry_s!r}")
         self.save_retry_s = save_retry_s
@@ -118,6 +121,7 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
         self._step_log: list[tuple[int, int]] = []
         self.host = host
         self.job = job
+        self._dp_setup(dp_rank)  # refuses a data-parallel job without a usable rank before anything starts
         self.caps = validate_host(host)
         self.spec = host.model_spec()
         if latency_model is not None and not latency_model.is_ready:
@@ -166,6 +170,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
         pack = job.pack_tokens
         #: an optimizer step is sent in parts of at least this many tokens (None: in one piece, the paper's way)
         self.part_tokens: int | None = pack if 0 < pack < job.backward_batch_tokens else None
+        if self.dp is not None:
+            self.part_tokens = 1  # every captured step is a part: the ranks' token counter closes global steps
         self._started = False
         # Host calls that cost engine time between two steps (adapter installs and publishes: a safetensors write
         # and an add_lora each), run when a step can absorb them (see _run_host_work); newest per key.
@@ -220,6 +226,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
     def _start(self) -> "CoServer":
         check_writable_dir(self.job.checkpoint.dir, "checkpoint.dir")
         clean_stale_files()
+        if self.dp is not None:
+            self._dp_start()
         dtype = _DTYPES.get(self.caps.activation_dtype, torch.float32)
         self.buffer = ActivationBuffer(self.spec.num_layers, self.spec.hidden_size, self.job.buffer_tokens,
                                        dtype=dtype, device=self.caps.device)
@@ -232,11 +240,11 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
             config=TrainerConfig(lr=self.job.lr, weight_decay=self.job.weight_decay,
                                  backward_batch_tokens=self.job.backward_batch_tokens,
                                  pack_tokens=self.job.pack_tokens),
-            checkpoint_dir=self.job.checkpoint.dir, keep_checkpoints=self.job.checkpoint.keep,
-            hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads)
+            checkpoint_dir=self.checkpoint_dir, keep_checkpoints=self.job.checkpoint.keep,
+            hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads, data_parallel=self.dp)
         self.backward.start(resume=self.resume_from_checkpoint)
         ready = self.backward.wait_ready()
-        if ready.extra.get("pool"):
+        if ready.extra.get("pool") and self.dp is None:  # a rank's share restarts with the store (docs/scaling.md)
             self.pool.load_state_dict(ready.extra["pool"])
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress_line())
         if ready.extra.get("cancelled_at") is not None:
@@ -285,6 +293,16 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
             self.backward.close()
         if self.buffer is not None:
             self.buffer.close()
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where this controller's backward writes checkpoints: ``checkpoint.dir``, or a rank's own folder in it
+        (ranks hold identical adapters but their own share of the data)."""
+        if self.dp is None:
+            return self.job.checkpoint.dir
+        import os
+
+        return os.path.join(self.job.checkpoint.dir, f"rank-{self.dp.rank}")
 
     @property
     def adapter_step(self) -> int:
@@ -350,14 +368,18 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
                                          else AdmissionReason.TRAINING_PAUSED
                                          if self.stats.training_paused or self.stats.paused_reason
                                          or self._admission_stopped or self._operator_paused
-                                         else AdmissionReason.BACKWARD_RUNNING if bw.busy
+                                         else AdmissionReason.BACKWARD_RUNNING
+                                         if bw.busy or (self.dp is not None and self._dp_step_full())
                                          else AdmissionReason.INSTALL_PENDING if not installed
                                          else AdmissionReason.HOST_WORK_IN_STEP if host_s and not batch.is_empty
                                          else None)
         if batch.is_empty:
             self.buffer.clear_abort()
             if pause is None and len(self.pool) == 0 and (self._pending_ids or self._step_ids):
-                self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
+                if self.dp is not None:
+                    self._dp_maybe_close()
+                else:
+                    self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
                 pause = AdmissionReason.BACKWARD_RUNNING
         decision = self.admission.decide(batch, pool=self.pool, buffer_free_tokens=self.buffer.free_tokens, hold=pause)
         for observe in self.decision_observers:
@@ -387,6 +409,9 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
                 self.admission.rows_returned(batch, decision)
         if samples:
             self._admitted[batch.step_id] = samples
+            if self.dp is not None:
+                # admission waits for every install, so the host runs these on the adapter of this step
+                self._admitted_version[batch.step_id] = self.stats.adapter_step
             if batch.is_empty:
                 self.buffer.mark_finetune_only(batch.step_id)
         return samples
@@ -416,7 +441,9 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
                 self.stats.finetune_only_steps += 1
             self.stats.admitted_samples += len(record.finetune_sample_ids)
             self.stats.forward_tokens += record.finetune_tokens
-            if self.backward is not None and self._recovering is None:
+            if self.dp is not None and self.backward is not None:
+                self._dp_dispatch(record)
+            elif self.backward is not None and self._recovering is None:
                 self._pending_ids.extend(record.finetune_sample_ids)
                 self._pending_tokens += record.finetune_tokens
                 if self._pending_tokens + self._step_tokens >= self.job.backward_batch_tokens:
@@ -474,6 +501,13 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin):
                  d["trained_tokens"], d["finetune_seconds"], window_tokens / max(window_s, 1e-9), window_s,
                  d["admitted_samples"], d["aborted_samples"], seen, mape, self.admission.safety,
                  self.admission.overhead_s * 1e3, self.pool.progress_line())
+        if self.dp is not None:
+            st = self._dp_status()
+            last = st["last_global_step"] or {}
+            log.info("data parallel: rank %d of %d; last global step: sequence %s, ranks %s, %s tokens; trained "
+                     "tokens by rank since start %s (all ranks %d); %d stale parts re-admitted", st["rank"],
+                     st["world_size"], last.get("seq"), last.get("ranks"), last.get("tokens"),
+                     st["trained_tokens_by_rank"], st["trained_tokens_all_ranks"], st["stale_parts"])
         if self.stats.save_failures or self.stats.paused_reason:
             # repeated in every progress line: a failing folder must not scroll out of sight after one error
             log.warning("fine-tuning: %d checkpoint saves failed (%d in a row)%s", self.stats.save_failures,

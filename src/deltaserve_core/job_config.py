@@ -22,6 +22,12 @@ checked next, still before anything starts, by :mod:`.preflight`. Reading a job 
     checkpoint: {dir: runs/my-adapter, every_steps: 20, keep: 3}
     publish: {policy: on_checkpoint, every_steps: 0}   # never | every_n_steps | on_checkpoint
     seed: 0
+    data_parallel:                         # optional: one job over N engine replicas (docs/scaling.md)
+      world_size: 2                        # the rank comes from DELTASERVE_DP_RANK, not from this file
+      rendezvous: 10.0.0.1:29555           # host:port of the job's TCPStore; rank 0 hosts it
+      step_timeout_s: 60                   # a closed global step waits this long for a member's gradients
+      claim_samples: 16                    # samples a rank takes from the global order at once
+      keep_steps: 64                       # global steps kept in the store for a restarted rank to catch up
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from pydantic.fields import FieldInfo
 
 from .lora_spec import LoraConfigSpec
 
-__all__ = ["LATEST_SUFFIX", "JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec",
+__all__ = ["LATEST_SUFFIX", "JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "DataParallelSpec",
            "job_config_from_mapping", "job_config_to_mapping", "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
@@ -77,6 +83,24 @@ class PublishSpec:
 
 
 @dataclass(frozen=True)
+class DataParallelSpec:
+    """One job over ``world_size`` engine replicas (:mod:`deltaserve_core.data_parallel`); 1 = off.
+
+    The rank is not part of the job file (every replica reads the same file): it comes from the environment
+    (``DELTASERVE_DP_RANK``), see :func:`deltaserve_core.data_parallel.resolve_rank`."""
+
+    world_size: int = 1
+    rendezvous: str = ""
+    step_timeout_s: float = 60.0
+    claim_samples: int = 16
+    keep_steps: int = 64
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass(frozen=True)
 class JobConfig:
     dataset: str
     adapter_name: str = "deltaserve-adapter"
@@ -94,6 +118,7 @@ class JobConfig:
     publish: PublishSpec = field(default_factory=PublishSpec)
     dataset_format: str = "auto"
     seed: int = 0
+    data_parallel: DataParallelSpec = field(default_factory=DataParallelSpec)
 
     def __post_init__(self) -> None:
         def need(cond: bool, key: str, msg: str) -> None:
@@ -144,6 +169,21 @@ class JobConfig:
              "must be > 0 when publish.policy is every_n_steps")
         need(self.dataset_format in ("auto", "alpaca", "sharegpt"), "dataset_format",
              f"must be auto, alpaca or sharegpt, got {self.dataset_format!r}")
+        dp = self.data_parallel
+        need(whole(dp.world_size) and dp.world_size >= 1, "data_parallel.world_size",
+             f"must be an integer >= 1 (1: one replica), got {dp.world_size!r}")
+        need(dp.world_size == 1 or _RENDEZVOUS.fullmatch(dp.rendezvous or "") is not None, "data_parallel.rendezvous",
+             f"must be host:port of the job's store (rank 0 hosts it), e.g. 10.0.0.1:29555, got {dp.rendezvous!r}")
+        need(finite(dp.step_timeout_s) and dp.step_timeout_s > 0, "data_parallel.step_timeout_s",
+             f"must be a positive number of seconds, got {dp.step_timeout_s!r}")
+        need(whole(dp.claim_samples) and dp.claim_samples >= 1, "data_parallel.claim_samples",
+             f"must be an integer >= 1, got {dp.claim_samples!r}")
+        # a rank whose backward restarts from its newest checkpoint replays the global steps after it from the store
+        need(whole(dp.keep_steps) and (dp.world_size == 1 or dp.keep_steps > self.checkpoint.every_steps > 0),
+             "data_parallel.keep_steps",
+             f"({dp.keep_steps!r}) must be an integer above checkpoint.every_steps ({self.checkpoint.every_steps}, "
+             "which must be > 0 with data parallelism): a restarted rank replays the steps since its last checkpoint "
+             "from the store; raise keep_steps or checkpoint more often")
 
 
 # ---------------------------------------------------------------------------------------------- the schema
@@ -179,6 +219,8 @@ def _module_name(value: str) -> str:
 
 #: names DeltaServe keeps for itself (hooks.RESERVED_ADAPTER_NAME among them; importing hooks would import torch)
 _RESERVED_PREFIX = "__deltaserve"
+#: data_parallel.rendezvous: host:port (a host name, an IPv4 address or a bracketed IPv6 address)
+_RENDEZVOUS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):([1-9][0-9]{0,4})")
 
 
 def _adapter_name(value: str) -> str:
@@ -227,6 +269,14 @@ class _PublishSchema(_Section):
     every_steps: int = Field(0, ge=0, description="an integer >= 0 (> 0 with policy every_n_steps)")
 
 
+class _DataParallelSchema(_Section):
+    world_size: int = Field(1, ge=1, description="an integer >= 1 (the number of engine replicas; 1: off)")
+    rendezvous: str = Field("", description="host:port of the job's store, hosted by rank 0, e.g. 10.0.0.1:29555")
+    step_timeout_s: _PosNumber = Field(60.0, description="a positive number of seconds, e.g. 60")
+    claim_samples: int = Field(16, ge=1, description="an integer >= 1, e.g. 16")
+    keep_steps: int = Field(64, ge=1, description="an integer above checkpoint.every_steps, e.g. 64")
+
+
 class _JobSchema(_Section):
     dataset: str = Field(min_length=1, description="the path of an Alpaca or ShareGPT .json/.jsonl file, or "
                                                    f"{BUILTIN_DEMO_DATASET}")
@@ -247,9 +297,12 @@ class _JobSchema(_Section):
     publish: _PublishSchema = Field(default_factory=_PublishSchema, description="a mapping: {policy, every_steps}")
     dataset_format: Literal["auto", "alpaca", "sharegpt"] = Field("auto", description="auto, alpaca or sharegpt")
     seed: int = Field(0, ge=0, description="an integer >= 0")
+    data_parallel: _DataParallelSchema = Field(
+        default_factory=_DataParallelSchema,
+        description="a mapping: {world_size, rendezvous, step_timeout_s, claim_samples, keep_steps}")
 
 
-_SECTIONS = ("lora", "optimizer", "slo", "checkpoint", "publish")
+_SECTIONS = ("lora", "optimizer", "slo", "checkpoint", "publish", "data_parallel")
 
 
 def _field_at(loc: tuple[Any, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
@@ -335,7 +388,10 @@ def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None
         slo=SLOSpec(float(s.slo.ttft_s), float(s.slo.tpot_s),
                     None if s.slo.avg_tpot_s is None else float(s.slo.avg_tpot_s)),
         checkpoint=CheckpointSpec(ckpt_dir, s.checkpoint.every_steps, s.checkpoint.keep),
-        publish=PublishSpec(s.publish.policy, s.publish.every_steps), dataset_format=s.dataset_format, seed=s.seed)
+        publish=PublishSpec(s.publish.policy, s.publish.every_steps), dataset_format=s.dataset_format, seed=s.seed,
+        data_parallel=DataParallelSpec(s.data_parallel.world_size, s.data_parallel.rendezvous,
+                                       float(s.data_parallel.step_timeout_s), s.data_parallel.claim_samples,
+                                       s.data_parallel.keep_steps))
 
 
 def job_config_to_mapping(job: JobConfig) -> dict[str, Any]:
@@ -355,6 +411,11 @@ def job_config_to_mapping(job: JobConfig) -> dict[str, Any]:
                        "keep": job.checkpoint.keep},
         "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps},
         "dataset_format": job.dataset_format, "seed": job.seed,
+        # only when on: a one-replica job's mapping stays what it was before data parallelism existed
+        **({"data_parallel": {"world_size": job.data_parallel.world_size, "rendezvous": job.data_parallel.rendezvous,
+                              "step_timeout_s": job.data_parallel.step_timeout_s,
+                              "claim_samples": job.data_parallel.claim_samples,
+                              "keep_steps": job.data_parallel.keep_steps}} if job.data_parallel.enabled else {}),
     }
 
 

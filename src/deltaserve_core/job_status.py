@@ -213,6 +213,7 @@ class JobStatusMixin:
                 "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
                 "published": [self._published_log.get(n, {"name": n, "step": (parse_published_name(n) or (None, None))[1], "loss": None,
                                                           "created_at": None}) for n in self.stats.published],
+                **({"data_parallel": self._dp_status()} if getattr(self, "dp", None) is not None else {}),
             },
         }
 

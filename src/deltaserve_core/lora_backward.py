@@ -442,6 +442,12 @@ class LoraBackward:
     def accumulated_ids(self) -> tuple[int, ...]:
         return tuple(i for i, _, _ in self._open)
 
+    def accumulated_totals(self) -> tuple[tuple[int, ...], int, int, float]:
+        """The open step's (sample ids, tokens, target tokens, summed token losses): a data-parallel rank's share
+        of a global step (:mod:`deltaserve_core.data_parallel`)."""
+        return (self.accumulated_ids, sum(n for _, n, _ in self._open), sum(t for _, _, t in self._open),
+                self._open_loss)
+
     def _reset_open(self) -> None:
         self._open: list[tuple[int, int, int]] = []  # (sample id, tokens, target tokens) of the open step
         self._open_loss = 0.0

@@ -119,7 +119,10 @@ class TrainingMixin:
         bw = self.backward
         assert bw is not None
         if rep.kind == "step":
-            self._step_ids, self._step_tokens = [], 0
+            if self.dp is not None:
+                self._dp_step_landed(rep)  # parts sent after the step closed are still open
+            else:
+                self._step_ids, self._step_tokens = [], 0
             self.pool.complete(list(rep.sample_ids))
             self._nonfinite_streak = 0
             self._step_log.append((rep.step, rep.tokens))
@@ -200,6 +203,8 @@ class TrainingMixin:
                 gone = set(dropped)
                 self._step_ids = [i for i in self._step_ids if i not in gone]
                 self._step_tokens = self._step_tokens if self._step_ids else 0
+        elif rep.kind == "stale" and self.dp is not None:
+            self._dp_give_back(rep.sample_ids, free_slots=True)
         elif rep.kind == "died":
             self._recover(rep.message)
 
@@ -261,7 +266,9 @@ class TrainingMixin:
         def restart() -> None:
             try:
                 ck = bw.restart()
-                self._pending_reports.append(BackwardReport("recovered", step=ck.step if ck else 0,
+                # a data-parallel rank replayed the steps decided since its checkpoint: it is where the others are
+                at = bw.last_step if self.dp is not None else ck.step if ck else 0
+                self._pending_reports.append(BackwardReport("recovered", step=at,
                                                             extra=dict(ck.extra) if ck else {}))
             except Exception as exc:  # keep serving; report and stay paused
                 log.exception("backward restart failed: %s", exc)
@@ -284,11 +291,14 @@ class TrainingMixin:
             if rep.kind == "recovered":
                 self.stats.adapter_step = rep.step  # the steps after it are redone: _rewind_stats counts them once
                 pool_state = rep.extra.get("pool")
-                if pool_state:
+                if self.dp is not None:
+                    self._dp_recovered(rep.step)  # nothing is redone: the replay put the adapter where the others are
+                elif pool_state:
                     self.pool.load_state_dict(pool_state)
                 else:
                     self.pool = self.dataset.make_pool()
-                self._admitted.clear()
+                if self.dp is None:
+                    self._admitted.clear()
                 self._pending_ids, self._pending_tokens = [], 0
                 self._step_ids, self._step_tokens = [], 0
                 # an install queued before the fault belongs to a version the restart may have rewound past

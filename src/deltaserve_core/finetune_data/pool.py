@@ -142,6 +142,12 @@ class FinetunePool:
         # lexsort: last key is primary; sample id last-resort so the order is total.
         return np.lexsort((self._ids, tiebreak, self._lengths))
 
+    def epoch_order(self, epoch: int) -> list[int]:
+        """Sample ids of ``epoch`` in the order admission walks them (what data-parallel ranks claim runs of)."""
+        if not 0 <= epoch < self.epochs:
+            raise ValueError(f"epoch {epoch} is outside 0..{self.epochs - 1}")
+        return self._ids[self._order_for(epoch)].tolist()
+
     def _start_epoch(self, epoch: int) -> None:
         order = self._order_for(epoch)
         n = len(order)
