@@ -7,7 +7,7 @@ Where each part runs:
 
 * API server (the launching process, which holds SGLang's ``TokenizerManager`` in its default single-tokenizer
   mode): :func:`attach_http_routes`, called by the ``prepare_server_args`` hook once :func:`.serving.preflight`
-  accepted the job, mounts the routes on ``sglang.srt.entrypoints.http_server.app`` before SGLang's launcher adds
+  accepted the job, adds the routes to ``sglang.srt.entrypoints.http_server.app`` before SGLang's launcher adds
   its API-key middleware to that app and starts uvicorn. A route sends one :class:`DeltaServeJobReq` to the
   scheduler over SGLang's own control channel (``TokenizerManager._dispatch_to_scheduler``, the socket every
   control request such as ``/set_internal_state`` takes) and waits for the :class:`DeltaServeJobReqOutput` with
@@ -117,7 +117,10 @@ class _SchedulerCaller:
             from sglang.srt.entrypoints import http_server
             from sglang.utils import TypeBasedDispatcher
 
-            manager = http_server.get_global_state().tokenizer_manager
+            state = http_server.get_global_state()
+            if state is None or state.tokenizer_manager is None:
+                raise RuntimeError("SGLang's HTTP server has not set up its TokenizerManager yet")
+            manager = state.tokenizer_manager
             manager._result_dispatcher += TypeBasedDispatcher([(DeltaServeJobReqOutput, self._answered)])
             self._manager = manager
         return self._manager
@@ -163,7 +166,11 @@ def attach_http_routes(server_args: Any) -> bool:
         return True  # both launcher hooks may get here
     register_types()
     router = build_jobs_router(_SchedulerCaller(), create_refusal=CREATE_REFUSAL, mark=_mark)
-    app.include_router(router)
+    for route in router.routes:
+        # Route by route onto the app's own router, not include_router: FastAPI 0.165 includes a router lazily
+        # (one nested route), and SGLang's auth middleware reads each endpoint's auth level from the app's
+        # top-level routes only, so the admin level of pause/resume/cancel would be lost.
+        app.router.add_api_route(route.path, route.endpoint, methods=sorted(route.methods), name=route.name)
     if not (getattr(server_args, "api_key", None) or getattr(server_args, "admin_api_key", None)):
         # SGLang's key is the only guard of these routes; without one, whoever reaches the port can cancel the job
         log.warning("DeltaServe jobs API without an API key: anyone who can reach this server can pause or cancel "

@@ -52,7 +52,7 @@ PATCHES: tuple[PatchRecord, ...] = (
                 upstream="not proposed yet: a graceful shutdown phase for plugins",
                 remove_when="SGLang gives its schedulers a graceful stop before killing them",
                 breaks_if="schedulers are no longer found by their process title", applies="launcher"),
-    PatchRecord(target="sglang.srt.entrypoints.http_server.app", how="APIRouter included (launcher process)",
+    PatchRecord(target="sglang.srt.entrypoints.http_server.app", how="routes added to app.router one by one (launcher process)",
                 why="the jobs API (/v1/fine_tuning/jobs, deltaserve_sglang.jobs_api): mounted by the "
                     "prepare_server_args hook once the job is accepted, before SGLang adds its API-key middleware",
                 upstream="not proposed yet: an HTTP route extension point for plugins (vLLM has endpoint_plugins)",

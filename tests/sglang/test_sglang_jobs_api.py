@@ -6,14 +6,19 @@ One module-scoped server (API server and scheduler in separate processes, as in 
 enough not to end by itself, with a checkpoint every 3 steps. The tests run in file order on it: the key is
 needed; list and get show the job training; create answers 501; pause holds the optimizer step (compared across
 polls, never timed) and resume moves it again; events and checkpoints page newest first; cancel ends the job.
-Client requests are served throughout. The calibration profile is kept in DELTASERVE_CACHE, so only the first run
-on a machine calibrates.
+Client requests are served throughout.
+
+The last tests mount the routes in this process, on SGLang's own app and key middleware, for what one server with
+one key cannot show: the admin key on the control routes, and the warnings of a server without a key or with
+several tokenizer workers.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from types import SimpleNamespace
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,12 +46,12 @@ def _write_job(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, cache_dir: Path) -> Iterator[dict]:
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("sglang-jobs-api")
     job = _write_job(root)
     port = _free_port()
     proc = _Server(_argv(tiny_model, port, "--api-key", API_KEY),
-                   _env(job, uuid.uuid4().hex, cache_dir / "sglang-serve-profiles"), root / "server.log")
+                   _env(job, uuid.uuid4().hex, root / "profiles"), root / "server.log")
     base = f"http://127.0.0.1:{port}"
     why = wait_until_up(f"{base}/health", proc.proc, 900, poll_s=2.0)
     if why:
@@ -171,3 +176,54 @@ def test_cancel_ends_the_job(server: dict) -> None:
     status, body = _api(server, "POST", f"/{JOB_ID}/resume")
     assert status == 409 and body["error"]["code"] == "job_not_active", body
     _served(server)
+
+
+# ------------------------------------------------------------------------ in this process, on SGLang's own app
+
+def _args(**over: Any) -> SimpleNamespace:
+    return SimpleNamespace(**{"api_key": None, "admin_api_key": None, "tokenizer_worker_num": 1, **over})
+
+
+def test_no_key_and_several_tokenizer_workers_are_warned(caplog: pytest.LogCaptureFixture) -> None:
+    from sglang.srt.entrypoints import http_server
+
+    from deltaserve_sglang.jobs_api import attach_http_routes
+
+    def jobs_routes() -> list[str]:
+        return [r.path for r in http_server.app.router.routes if "/fine_tuning/" in getattr(r, "path", "")]
+
+    with caplog.at_level(logging.WARNING, logger="deltaserve.sglang"):
+        assert attach_http_routes(_args(tokenizer_worker_num=2)) is False
+    assert "--tokenizer-worker-num" in caplog.text and jobs_routes() == []
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deltaserve.sglang"):
+        assert attach_http_routes(_args()) is True
+    assert "without an API key" in caplog.text and f"/v1/fine_tuning/jobs/{{job_id}}/cancel" in jobs_routes()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deltaserve.sglang"):
+        assert attach_http_routes(_args(api_key="k")) is True  # mounted once, whoever calls again
+    assert caplog.text == "" and len(jobs_routes()) == 8
+
+
+def test_with_an_admin_key_the_controls_need_it() -> None:
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.utils.auth import add_api_key_middleware
+    from starlette.testclient import TestClient
+
+    from deltaserve_sglang.jobs_api import attach_http_routes
+
+    attach_http_routes(_args(api_key="client", admin_api_key="admin"))
+    add_api_key_middleware(http_server.app, api_key="client", admin_api_key="admin")
+    client = TestClient(http_server.app)  # no lifespan: no scheduler behind it, so a call that passes auth is a 503
+
+    def status(method: str, path: str, key: str) -> int:
+        return client.request(method, f"/v1/fine_tuning/jobs{path}", headers={"Authorization": f"Bearer {key}"}
+                              ).status_code
+
+    for op in ("pause", "resume", "cancel"):
+        assert status("POST", f"/{JOB_ID}/{op}", "client") == 401
+        assert status("POST", f"/{JOB_ID}/{op}", "admin") == 503
+    for path in ("", f"/{JOB_ID}", f"/{JOB_ID}/events", f"/{JOB_ID}/checkpoints"):
+        assert status("GET", path, "client") == 503
+        assert status("GET", path, "nope") == 401
+    assert status("POST", "", "client") == 501
