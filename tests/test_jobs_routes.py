@@ -8,10 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
-from starlette.testclient import TestClient
 
-from deltaserve_core.jobs_routes import CONTROL_OPS, build_jobs_router, error_answer
+# FastAPI comes with the engines that serve these routes (vLLM, SGLang); it is not a dependency of the core
+pytest.importorskip("fastapi", reason="FastAPI comes with vLLM or SGLang; neither is installed")
+from fastapi import FastAPI  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from deltaserve_core.jobs_routes import CONTROL_OPS, build_jobs_router, error_answer  # noqa: E402
 
 JOBS = [{"object": "fine_tuning.job", "id": f"ftjob-{n}", "status": "running"} for n in ("a", "b", "c")]
 

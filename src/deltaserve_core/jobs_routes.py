@@ -3,7 +3,8 @@
 Engine-agnostic: an adapter passes a :data:`JobCaller` (an awaitable that runs :func:`~deltaserve_core.job_control.
 job_call` in the process that owns the job, over whatever channel that engine has) and mounts the router this
 module builds on its engine's FastAPI app. Routing, paging of the job list, the JSON shapes and the error objects
-live here, so ``vllm serve`` and ``sglang.launch_server`` answer alike.
+live here, so ``vllm serve`` and ``sglang.launch_server`` answer alike. Needs FastAPI, which every engine whose
+server mounts these routes brings; the core does not depend on it, and only the adapters import this module.
 
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
