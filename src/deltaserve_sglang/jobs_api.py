@@ -35,7 +35,8 @@ import logging
 import uuid
 from typing import Any
 
-import msgspec
+# SGLang's IPC message base: imported only where SGLang runs (the launcher once a job passed preflight, the scheduler)
+from sglang.srt.managers.io_struct import BaseReq
 
 from deltaserve_core.jobs_routes import CONTROL_OPS, build_jobs_router
 
@@ -52,20 +53,14 @@ CREATE_REFUSAL = ("this server runs the fine-tuning job declared when it started
                   "job with GET /v1/fine_tuning/jobs")
 
 
-def _base() -> type:
-    from sglang.srt.managers.io_struct import BaseReq
-
-    return BaseReq
-
-
-class DeltaServeJobReq(_base(), kw_only=True):  # type: ignore[misc]
+class DeltaServeJobReq(BaseReq, kw_only=True):
     """API server -> scheduler: one job call; ``args_json``: job_call's ``args`` as JSON text."""
 
     op: str
     args_json: str
 
 
-class DeltaServeJobReqOutput(_base(), kw_only=True):  # type: ignore[misc]
+class DeltaServeJobReqOutput(BaseReq, kw_only=True):
     """Scheduler -> API server: job_call's answer as JSON text, ``rid`` the request's."""
 
     answer_json: str
