@@ -52,6 +52,32 @@ PATCHES: tuple[PatchRecord, ...] = (
                 upstream="not proposed yet: a graceful shutdown phase for plugins",
                 remove_when="SGLang gives its schedulers a graceful stop before killing them",
                 breaks_if="schedulers are no longer found by their process title", applies="launcher"),
+    PatchRecord(target="sglang.srt.entrypoints.http_server.app", how="routes added to app.router one by one (launcher process)",
+                why="the jobs API (/v1/fine_tuning/jobs, deltaserve_sglang.jobs_api): mounted by the "
+                    "prepare_server_args hook once the job is accepted, before SGLang adds its API-key middleware",
+                upstream="not proposed yet: an HTTP route extension point for plugins (vLLM has endpoint_plugins)",
+                remove_when="SGLang lets plugins add routes", breaks_if="the app is built per launch instead of at "
+                "import, or the API-key middleware stops matching routes through app.router.routes",
+                applies="launcher"),
+    PatchRecord(target="sglang.srt.managers.io_struct._msgpack_decoder",
+                how="io_struct.hook_custom_types(DeltaServeJobReq, DeltaServeJobReqOutput) in the launcher and "
+                    "scheduler processes",
+                why="the jobs API's call and answer cross SGLang's msgpack IPC as two message types of our own",
+                upstream="not proposed yet: hook_custom_types is SGLang's (used by its unit tests), not a documented "
+                         "plugin API; a generic RPC with a return value would do (RpcReqInput returns only "
+                         "success/message)",
+                remove_when="SGLang offers a plugin control request with a JSON payload and answer",
+                breaks_if="hook_custom_types goes or the IPC stops decoding against a tagged union",
+                applies="server"),
+    PatchRecord(target=f"{_SCHED}._request_dispatcher", how="TypeBasedDispatcher entry added (+=) on the instance",
+                why="the scheduler answers DeltaServeJobReq in process_input_requests, between two loop iterations",
+                upstream="not proposed yet: as above", remove_when="as above",
+                breaks_if="control requests are dispatched another way"),
+    PatchRecord(target="sglang.srt.managers.tokenizer_manager.TokenizerManager._result_dispatcher",
+                how="TypeBasedDispatcher entry added (+=) on the instance (launcher process)",
+                why="the API server receives DeltaServeJobReqOutput; answers are matched to calls by rid",
+                upstream="not proposed yet: as above", remove_when="as above",
+                breaks_if="scheduler outputs are dispatched another way", applies="launcher"),
     PatchRecord(target="sglang.srt.managers.tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS",
                 how="module constant raised in the launching process",
                 why="the API server waits long enough for the final checkpoint after its ShutdownReq",

@@ -74,18 +74,25 @@ def _run_event_loop(original: Callable[..., Any], self: Any, *args: Any, **kwarg
             runtime.stop()
 
 
-def _preflight(server_args: Any) -> None:
+def _preflight(server_args: Any) -> bool:
     from .serving import extend_scheduler_exit_timeout, preflight
 
-    if preflight(server_args) is not None:
-        extend_scheduler_exit_timeout()
+    if preflight(server_args) is None:
+        return False
+    extend_scheduler_exit_timeout()
+    return True
 
 
 def _prepare_server_args(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # `sglang.launch_server` parses its command line here, right after its imports and before it imports the
     # HTTP server and spawns the scheduler that loads the model: the earliest point a bad job can be refused.
+    # Only this launcher serves HTTP (sgl.Engine has no server), so the jobs routes are mounted here, once the job
+    # is accepted and before SGLang's launcher adds its API-key middleware and starts uvicorn.
     server_args = original(*args, **kwargs)
-    _preflight(server_args)
+    if _preflight(server_args):
+        from .jobs_api import attach_http_routes
+
+        attach_http_routes(server_args)
     return server_args
 
 

@@ -253,6 +253,9 @@ def start_serving(scheduler: Any) -> ServeRuntime | None:
         return None
     runtime = ServeRuntime(scheduler, job)
     runtime.start()
+    from .jobs_api import serve_job_calls
+
+    serve_job_calls(scheduler, runtime)  # the /v1/fine_tuning/jobs calls of the API server (jobs_api)
     return runtime
 
 

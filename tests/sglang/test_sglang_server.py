@@ -287,7 +287,7 @@ def _checkpoint_steps(ckpt: Path) -> list[int]:
 
 
 def test_sglang_adapter_endpoints_need_the_api_key(served: SimpleNamespace, tiny_adapter: Path) -> None:
-    """DeltaServe mounts no route into SGLang's server; SGLang's own adapter endpoints (which would load
+    """SGLang's own adapter endpoints (which would load
     DeltaServe's checkpoint folders by path) take the server's --api-key, and refuse without it."""
     _start(served, "server.log")
     base = served.base
