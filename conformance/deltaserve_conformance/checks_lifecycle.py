@@ -36,7 +36,7 @@ from .checks import (
 )
 from .harness import ConformanceEnv, Recorder, make_prompts, make_samples
 
-__all__ = ["LIFECYCLE_PROBES"]
+__all__ = ["LIFECYCLE_PROBES", "child_host_report"]
 
 _MARK = "DELTASERVE-LIFECYCLE-PROBE "
 #: seconds a probe allows a ``shutdown()`` call, and the child to exit once it printed its report
@@ -233,20 +233,24 @@ def _lifecycle_child() -> None:
         os._exit(0)  # a shutdown() stuck in its thread: that is reported, do not also report a hung exit
 
 
-_REPORTS: dict[int, dict] = {}
+_REPORTS: dict[tuple[int, str], dict] = {}
 
 
-def _lifecycle_report(env: ConformanceEnv) -> dict:
-    """The child's report for the kind of host ``env`` runs (started once per env, shared by the checks)."""
+def child_host_report(env: ConformanceEnv, entry: str, mark: str, *, model_shape: str = "test",
+                      wait_s: float = 300.0) -> dict:
+    """Run ``entry`` (``module:function``) in a child process against a second host of ``env``'s kind and return
+    the JSON it printed after ``mark``: ``{"stage": "no report", "error": ...}`` when it printed none within
+    ``wait_s``; ``exit_s`` added: seconds from its report to its exit (None past ``_EXIT_WAIT_S``). Started once per
+    env and entry; every check that reads the report shares it."""
     import pytest
 
-    key = id(env.host)
+    key = (id(env.host), entry)
     if key in _REPORTS:
         return _REPORTS[key]
     if not env.host_spec:
         pytest.skip("the env does not say how its host was started (ConformanceEnv.host_spec), so no second host of "
-                    "its kind can be started to shut down")
-    argv, child_env = second_host_command(env, env.dtype, "deltaserve_conformance.checks_lifecycle:_lifecycle_child")
+                    "its kind can be started")
+    argv, child_env = second_host_command(env, env.dtype, entry, model_shape=model_shape)
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
                              start_new_session=True)
     tail: list[str] = []
@@ -255,7 +259,7 @@ def _lifecycle_report(env: ConformanceEnv) -> dict:
 
     def drain(stream, marked: bool) -> None:  # noqa: ANN001
         for line in stream:
-            if marked and line.startswith(_MARK) and not found:
+            if marked and line.startswith(mark) and not found:
                 found.append((line, time.monotonic()))
                 reported.set()
             elif not marked:
@@ -270,7 +274,7 @@ def _lifecycle_report(env: ConformanceEnv) -> dict:
         r.start()
     exit_s: float | None = None
     try:
-        reported.wait(300.0)
+        reported.wait(wait_s)
         if found:
             try:
                 child.wait(timeout=max(0.0, _EXIT_WAIT_S - (time.monotonic() - found[0][1])))
@@ -288,10 +292,15 @@ def _lifecycle_report(env: ConformanceEnv) -> dict:
     if not found:
         report: dict = {"stage": "no report", "error": f"exited {child.returncode}: {' | '.join(tail[-5:])}"}
     else:
-        report = json.loads(found[0][0][len(_MARK):])
+        report = json.loads(found[0][0][len(mark):])
     report["exit_s"] = exit_s
     _REPORTS[key] = report
     return report
+
+
+def _lifecycle_report(env: ConformanceEnv) -> dict:
+    """The lifecycle child's report for the kind of host ``env`` runs."""
+    return child_host_report(env, "deltaserve_conformance.checks_lifecycle:_lifecycle_child", _MARK)
 
 
 def _started_report(env: ConformanceEnv) -> dict:

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
 
-from .checks import CHECKS, _fail, check, run_check, second_host_command, second_host_from_argv
+from .checks import CHECKS, _fail, check, run_check, second_host_from_argv
+from .checks_lifecycle import child_host_report
 from .harness import ConformanceEnv
 from .rules import SHAPE_RERUNS
 
@@ -70,57 +69,10 @@ def _shape_child() -> None:
             os._exit(0)  # the shutdown rules are checks_lifecycle's; a slow exit here would only cost time
 
 
-_REPORTS: dict[int, dict] = {}
-
-
 def shape_report(env: ConformanceEnv) -> dict:
     """The child's report for the kind of host ``env`` runs (started once per env, shared by the re-run checks)."""
-    import pytest
-
-    key = id(env.host)
-    if key in _REPORTS:
-        return _REPORTS[key]
-    if not env.host_spec:
-        pytest.skip("the env does not say how its host was started (ConformanceEnv.host_spec), so no host of its kind "
-                    f"can be started on the {SHAPE!r} checkpoint")
-    argv, child_env = second_host_command(env, env.dtype, "deltaserve_conformance.checks_shapes:_shape_child",
-                                          model_shape=SHAPE)
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env,
-                             start_new_session=True)
-    tail: list[str] = []
-    found: list[str] = []
-
-    def drain_err() -> None:
-        for line in child.stderr:  # type: ignore[union-attr]
-            tail.append(line.rstrip())
-            del tail[:-8]
-
-    def kill() -> None:
-        try:
-            os.killpg(child.pid, 9)
-        except OSError:
-            pass
-
-    reader = threading.Thread(target=drain_err, daemon=True)
-    reader.start()
-    limit = threading.Timer(_CHILD_LIMIT_S, kill)  # a child that hangs closes its stdout when killed
-    limit.start()
-    try:
-        for line in child.stdout:  # type: ignore[union-attr]
-            if line.startswith(_MARK):
-                found.append(line)
-                break
-    finally:
-        limit.cancel()
-        kill()  # end the child and anything it left in its session
-        child.wait()
-        reader.join(5.0)
-    if not found:
-        report: dict = {"stage": "no report", "error": f"exited {child.returncode}: {' | '.join(tail[-5:])}"}
-    else:
-        report = json.loads(found[0][len(_MARK):])
-    _REPORTS[key] = report
-    return report
+    return child_host_report(env, "deltaserve_conformance.checks_shapes:_shape_child", _MARK, model_shape=SHAPE,
+                             wait_s=_CHILD_LIMIT_S)
 
 
 def _rerun(name: str, hook: str, doc: str):  # noqa: ANN202
