@@ -59,7 +59,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as tmp
@@ -82,6 +82,9 @@ from .backward_child import (
 from .checkpoint import Checkpoint, load_latest
 from .lora_backward import TrainerConfig
 from .shared_memory import SharedArray, SharedFlag
+
+if TYPE_CHECKING:  # annotation only: data_parallel imports the pool, which this module need not load
+    from .data_parallel import DataParallelRank
 
 __all__ = [
     "BackwardProcess",
@@ -156,7 +159,7 @@ class BackwardProcess:
                  config: TrainerConfig = TrainerConfig(), checkpoint_dir: str | os.PathLike[str] | None = None,
                  keep_checkpoints: int = 3, hang_timeout_s: float = 120.0, torch_threads: int | None = None,
                  sync_each_layer: bool = True, pause_poll_s: float = 0.0005, release_consumed: bool = True,
-                 data_parallel: Any = None) -> None:
+                 data_parallel: DataParallelRank | None = None) -> None:
         self.model = share_model_weights(model)
         tensors = {}
         for k, v in adapter.tensors.items():
