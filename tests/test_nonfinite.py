@@ -179,6 +179,7 @@ def _controller(pause_after: int = 3):  # noqa: ANN202 - a CoServer with only wh
     co.pool = SimpleNamespace(complete=completed.extend, state_dict=lambda: {}, finished=False)
     co.stats = CoServeStats()
     co.nonfinite_pause_after = pause_after
+    co.dp = None  # a single-replica job (data_parallel off)
     co._nonfinite_streak = 0
     co._step_log = []
     co._host_work = {}
