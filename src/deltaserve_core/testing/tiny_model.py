@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -60,27 +64,32 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
              "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
              "seed": seed, "dtype": str(dtype), "max_position_embeddings": max_position_embeddings}
     marker = out / "deltaserve_tiny.json"
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+
+    def built(folder: Path) -> bool:
+        m = folder / "deltaserve_tiny.json"
+        return m.is_file() and json.loads(m.read_text()) == stamp
+
+    if built(out):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer(vocab_size)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        head_dim=hidden_size // num_heads, max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(dtype)
-    with torch.no_grad():  # wider init than HF's default so random models produce varied greedy text
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    marker.write_text(json.dumps(stamp))
-    return out
+    with _building(out) as staging:
+        tokenizer = _train_tokenizer(vocab_size)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+            head_dim=hidden_size // num_heads, max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(dtype)
+        with torch.no_grad():  # wider init than HF's default so random models produce varied greedy text
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.08)
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / marker.name).write_text(json.dumps(stamp))
+        return _install(staging, out, built)
 
 
 def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.PathLike[str], *, r: int = 8,
@@ -91,15 +100,59 @@ def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.Pa
     from transformers import AutoModelForCausalLM
 
     out = Path(directory)
-    if (out / "adapter_model.safetensors").is_file():
+
+    def built(folder: Path) -> bool:
+        return (folder / "adapter_model.safetensors").is_file()
+
+    if built(out):
         return out
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=list(target_modules),
-                                            lora_dropout=0.0, task_type="CAUSAL_LM"))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale)
-    model.save_pretrained(out)
+    with _building(out) as staging:
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = get_peft_model(base, LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=list(target_modules),
+                                                lora_dropout=0.0, task_type="CAUSAL_LM"))
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * scale)
+        model.save_pretrained(staging)
+        return _install(staging, out, built)
+
+
+@contextmanager
+def _building(out: Path) -> Iterator[Path]:
+    """A fresh folder beside ``out`` to build in; removed if the build fails."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would travel with the rename
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _install(staging: Path, out: Path, built: Callable[[Path], bool]) -> Path:
+    """Move a finished build into place with one rename. Test workers, suite runs and demos share the cache: a
+    reader must never load half a folder, and two builders of the same folder may race (the builds are seeded, so
+    whichever lands first is the one every caller gets)."""
+    try:
+        os.rename(staging, out)
+        return out
+    except OSError:  # ``out`` exists: another builder landed first, or an older build with other settings is there
+        if built(out):
+            shutil.rmtree(staging, ignore_errors=True)
+            return out
+    stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".stale", dir=out.parent))
+    try:
+        os.rename(out, stale / "old")
+    except FileNotFoundError:
+        pass
+    try:
+        os.rename(staging, out)
+    except OSError:
+        if not built(out):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(stale, ignore_errors=True)
     return out
