@@ -123,7 +123,13 @@ def host(deltaserve_conformance_env: ConformanceEnv) -> Any:
 
 
 class TestOverlappedConformance(HostConformanceTests):
-    """Every conformance check with two steps in flight."""
+    """Every conformance check with two steps in flight, but the re-runs on the production-shaped checkpoint: they
+    start a second engine to check how the adapter maps a deeper model's layers and heads, which async scheduling
+    does not touch, and test_vllm_host.py runs them on the same vLLM build."""
+
+
+for _name in [n for n in dir(HostConformanceTests) if n.startswith("test_deep_model__")]:
+    setattr(TestOverlappedConformance, _name, None)  # an attribute that is not a function is not collected
 
 
 def _core(host: Any) -> Any:
