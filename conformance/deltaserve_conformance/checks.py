@@ -563,6 +563,29 @@ def check_publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken(
                         f"{list(want.token_ids)} on its own: rows without an adapter must get no adapter's delta")
 
 
+@check("publish_adapter")
+def check_publish_adapter__every_version_in_one_step_serves_its_weights(env: ConformanceEnv) -> None:
+    """Requests on more distinct published versions than any engine's default adapter slots per step, all submitted
+    together, each get transformers + PEFT's greedy tokens for their own version: an engine that maps only the
+    first few adapters of a step (a LoRA mapping sized by its slot count) must defer the other rows, not run them on
+    the base model or on another version's weights."""
+    from deltaserve_core.adapter_state import LoraAdapterState
+
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-many")
+    versions: dict[str, LoraAdapterState] = {}
+    for version in range(1, 7):
+        tensors = {k: v * (1.0 + version / 4) for k, v in source.tensors.items()}
+        state = source.with_tensors(tensors, version=version)
+        versions[env.host.publish_adapter(handed_copy(state))] = state  # type: ignore[attr-defined]
+    prompts = make_prompts(env, len(versions), seed=19, max_tokens=5, adapter_every=0, prefix="many-versions")
+    requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=name)
+                for r, name in zip(prompts, versions)]
+    problems = _greedy_problems(env, env.run(requests), requests, lambda r: versions[r.adapter])
+    if problems:
+        raise _fail(env, "publish_adapter", f"{len(versions)} published versions, one request each, submitted "
+                    "together: expected each version's transformers+PEFT greedy outputs; " + "; ".join(problems[:3]))
+
+
 # ------------------------------------------------------------------------------------------ rules the first suite
 # recorded but never asserted, or tried with one spelling only (issue #15)
 

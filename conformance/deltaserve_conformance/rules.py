@@ -248,7 +248,8 @@ RULES: tuple[Rule, ...] = (
          ("publish_adapter__version_keeps_its_weights_when_training_moves_on",
           "publish_adapter__republished_name_serves_the_new_weights",
           "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
-          "publish_adapter__serves_a_copy_of_the_state")),
+          "publish_adapter__serves_a_copy_of_the_state",
+          "publish_adapter__every_version_in_one_step_serves_its_weights")),
     Rule("HostHooks.publish_adapter", "Requests in flight when it is called keep the adapter",
          ("publish_adapter__requests_in_flight_keep_their_adapter",)),
     # --- audit 2026-12-05 (checks_lifecycle.py, checks_audit.py)

@@ -322,6 +322,18 @@ class SlotSpillHost(ReferenceHost):
         return super()._linear(x, module, layer, name, groups)
 
 
+class FourAdaptersPerStepHost(ReferenceHost):
+    """Maps only the first four adapters of a step (a LoRA mapping sized by the engine's default slot count, the
+    reserved one included) and runs every other adapter's rows on the base model, instead of deferring them
+    (blind batch 2026-12-06b, h07)."""
+
+    name = "broken-four-adapters-per-step"
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super()._linear(x, module, layer, name, dict(list(groups.items())[:4]))
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2153,6 +2165,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
+    FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
@@ -2177,6 +2190,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                    "set_finetune_adapter__every_target_module_applies_or_is_refused",
                                    "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused"),
     PublishScalingHost: ("publish_adapter__serves_published_weights",
+                         "publish_adapter__every_version_in_one_step_serves_its_weights",
                          "publish_adapter__new_version_never_served_stale_kv",
                          "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                          "publish_adapter__republished_name_serves_the_new_weights",
