@@ -111,7 +111,9 @@ def check_model_spec__matches_the_checkpoint(env: ConformanceEnv) -> None:
     """``model_spec()`` describes the checkpoint the host serves, as its ``config.json`` says: ``path`` a local
     folder holding it (the backward process loads the base from there), ``num_layers``, ``hidden_size`` and
     ``vocab_size`` that config's own values (an engine's padded vocabulary, e.g. rounded up to a multiple of 64, is
-    the engine's layout, not the model's: the backward's output head has the checkpoint's size)."""
+    the engine's layout, not the model's: the backward's output head has the checkpoint's size), and
+    ``layer_module`` the decoder-layer list of the transformers model of that folder (not the engine's module path,
+    which wraps the model once more)."""
     spec = env.host.model_spec()  # type: ignore[attr-defined]
     folder = Path(spec.path)
     if not folder.is_dir():
@@ -128,6 +130,33 @@ def check_model_spec__matches_the_checkpoint(env: ConformanceEnv) -> None:
     if wrong:
         raise _fail(env, "model_spec", "ModelSpec differs from the checkpoint's config.json: " + ", ".join(
             f"{k} {g} (config.json: {t})" for k, (g, t) in wrong.items()) + "; expected the checkpoint's own values")
+    layers = _layer_list(folder, spec.layer_module)
+    if isinstance(layers, str):
+        raise _fail(env, "model_spec", f"ModelSpec.layer_module={spec.layer_module!r} {layers}; expected the dotted "
+                    "path of the decoder-layer list in the transformers model the backward process loads (an "
+                    "engine's own module path is not that)")
+    if layers != truth.get("num_hidden_layers", layers):
+        raise _fail(env, "model_spec", f"ModelSpec.layer_module={spec.layer_module!r} names a list of {layers} "
+                    f"modules in the transformers model, but config.json has {truth.get('num_hidden_layers')} layers; "
+                    "expected the decoder-layer list")
+
+
+def _layer_list(folder: Path, dotted: str) -> int | str:
+    """Length of the module list at ``dotted`` in the transformers model of ``folder`` (built on the meta device: no
+    weights are read), or why it is not one."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    node = model
+    for i, part in enumerate(dotted.split(".")):
+        if not hasattr(node, part):
+            return f"does not resolve on {type(model).__name__}: it has no {'.'.join(dotted.split('.')[:i + 1])!r}"
+        node = getattr(node, part)
+    if not isinstance(node, torch.nn.ModuleList):
+        return f"resolves to a {type(node).__name__} on {type(model).__name__}, not a module list"
+    return len(node)
 
 
 @check("capabilities")

@@ -237,6 +237,7 @@ RULES: tuple[Rule, ...] = (
          ("capabilities__finetune_budget_is_the_step_budget",)),
     Rule("ModelSpec", "``path`` must be a local transformers checkpoint folder",
          ("model_spec__matches_the_checkpoint",)),
+    Rule("ModelSpec", "``layer_module`` must be the dotted attribute path", ("model_spec__matches_the_checkpoint",)),
     Rule("ClientRequest", "it must stop at the first EOS it generates",
          ("driver__ignore_eos_false_stops_at_the_first_eos",)),
     Rule("HostDriver.run_idle_step", "True exactly when one ran", ("driver__run_idle_step_answers_whether_a_step_ran",)),

@@ -334,6 +334,17 @@ class FourAdaptersPerStepHost(ReferenceHost):
         return super()._linear(x, module, layer, name, dict(list(groups.items())[:4]))
 
 
+class EngineLayerPathHost(ReferenceHost):
+    """Names the decoder layers by an engine runner's module path (``model.model.layers``: the runner's model wraps
+    the ``*ForCausalLM``), which does not resolve on the transformers model the backward loads (blind batch
+    2026-12-06b, h11)."""
+
+    name = "broken-engine-layer-path"
+
+    def model_spec(self):  # noqa: ANN201
+        return dataclasses.replace(super().model_spec(), layer_module="model.model.layers")
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2166,6 +2177,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
+    EngineLayerPathHost: "model_spec__matches_the_checkpoint",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
