@@ -407,6 +407,22 @@ def check_capture_activation__abort_stops_finetune_only_step(env: ConformanceEnv
                     f"fine-tuning rows; got {record}")
 
 
+@check("driver", requires=_needs_abort)
+def check_driver__run_idle_step_true_for_an_aborted_step(env: ConformanceEnv) -> None:
+    """A fine-tuning-only idle step aborted at a layer boundary ran (its record, with the samples aborted, reaches
+    the step sink), so ``run_idle_step()`` answers True for it: the answer says whether a step executed, not whether
+    it completed a sample. The core aborts such a step whenever a client arrives during it."""
+    samples = make_samples(env, 1, lengths=[9], seed=148, first_id=4800)
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(samples, fired), abort_after_layer=1)
+    env.install(rec)
+    ran = env.host.run_idle_step()  # type: ignore[attr-defined]
+    record = rec.record_for(fired[0]) if fired else None
+    if record is not None and record.aborted_sample_ids and ran is not True:
+        raise _fail(env, "driver", f"run_idle_step() returned {ran!r} for a fine-tuning-only step that ran and was "
+                    f"aborted (its record: {record}); expected True: a step executed")
+
+
 # ------------------------------------------------------------------------------------------ report_step_time
 
 

@@ -345,6 +345,22 @@ class EngineLayerPathHost(ReferenceHost):
         return dataclasses.replace(super().model_spec(), layer_module="model.model.layers")
 
 
+class AbortedIdleStepFalseHost(ReferenceHost):
+    """run_idle_step() answers whether the step completed a sample, so an aborted fine-tuning-only step, which ran,
+    is reported as no step (blind batch 2026-12-06b, h14)."""
+
+    name = "broken-aborted-idle-step-false"
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN201
+        self._last = super()._execute(step_id, rows, tokens, synthetic)
+        return self._last
+
+    def run_idle_step(self) -> bool:
+        self._last = None
+        ran = super().run_idle_step()
+        return ran and self._last is not None and bool(self._last.finetune_sample_ids)
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2178,6 +2194,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
     EngineLayerPathHost: "model_spec__matches_the_checkpoint",
+    AbortedIdleStepFalseHost: "driver__run_idle_step_true_for_an_aborted_step",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
