@@ -1249,6 +1249,31 @@ def check_intercept_schedule__none_removes_every_hook(env: ConformanceEnv) -> No
 
 
 @check("capture_activation")
+def check_capture_activation__none_alone_removes_the_sink(env: ConformanceEnv) -> None:
+    """``capture_activation(None)`` removes the sink even while an interceptor keeps adding fine-tuning rows: the
+    rows of later steps never reach the removed sink (no begin_step, layer_input, should_abort or end_step). Removing
+    all three hooks together cannot show this, since no row is added then."""
+    first = make_samples(env, 1, lengths=[8], seed=149, first_id=4900)
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(first, fired))
+    env.install(rec)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    if not rec.begun:
+        raise _fail(env, "capture_activation", "a fine-tuning-only step with the sink installed fed it nothing "
+                    "(no begin_step), so its removal cannot be judged")
+    env.host.capture_activation(None)  # type: ignore[attr-defined]
+    seen = len(rec.events)
+    later = make_samples(env, 1, lengths=[7], seed=150, first_id=4910)
+    again: list[int] = []
+    rec.inject = _inject_into_first_idle(later, again)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    fed = sorted({kind for kind, _ in rec.events[seen:] if kind in ("begin", "layer", "poll", "end")})
+    if fed:
+        raise _fail(env, "capture_activation", f"after capture_activation(None), a step with a fine-tuning row (the "
+                    f"interceptor still installed) called the removed sink: {', '.join(fed)}; None must uninstall it")
+
+
+@check("capture_activation")
 def check_capture_activation__a_second_install_replaces_the_first(env: ConformanceEnv) -> None:
     """Installing a new interceptor, sink or step sink replaces the previous one: only the newest is called."""
     old = Recorder()

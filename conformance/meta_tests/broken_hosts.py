@@ -361,6 +361,17 @@ class AbortedIdleStepFalseHost(ReferenceHost):
         return ran and self._last is not None and bool(self._last.finetune_sample_ids)
 
 
+class SinkKeptOnNoneHost(ReferenceHost):
+    """Forwards only a real sink to where capture happens, so capture_activation(None) leaves the old sink fed by
+    every later step with fine-tuning rows (blind batch 2026-12-06b, h18)."""
+
+    name = "broken-sink-kept-on-none"
+
+    def capture_activation(self, sink):  # noqa: ANN001, ANN201
+        if sink is not None:
+            super().capture_activation(sink)
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2195,6 +2206,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
     EngineLayerPathHost: "model_spec__matches_the_checkpoint",
     AbortedIdleStepFalseHost: "driver__run_idle_step_true_for_an_aborted_step",
+    SinkKeptOnNoneHost: "capture_activation__none_alone_removes_the_sink",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
