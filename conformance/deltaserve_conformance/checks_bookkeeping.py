@@ -216,8 +216,8 @@ def _eos_id(env: ConformanceEnv) -> int | None:
 
 @check("driver")
 def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -> None:
-    """A request with ``ignore_eos=False`` stops at the first EOS it generates, EOS included as its last token; the
-    same prompt with ``ignore_eos=True`` runs on to ``max_tokens``. The prompt is found by running candidates with
+    """A request with ``ignore_eos=False`` stops at the first EOS it generates, EOS included as its last token (and
+    timed like every other token); the same prompt with ``ignore_eos=True`` runs on to ``max_tokens``. The prompt is found by running candidates with
     ``ignore_eos=True`` and taking one whose greedy continuation holds EOS early."""
     eos = _eos_id(env)
     if eos is None:
@@ -236,11 +236,18 @@ def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -
                     f"{eos}; a host that never samples EOS under greedy decoding differs from the model")
     probe, tokens, at = found
     again = ClientRequest("eos-stop", probe.prompt_ids, probe.max_tokens, ignore_eos=False)
-    got = env.run([again])[0].token_ids
+    out = env.run([again])[0]
+    got = out.token_ids
     if got != tokens[:at + 1]:
         raise _fail(env, "driver", f"with ignore_eos=False the request got {len(got)} tokens {list(got)[:at + 4]}; "
                     f"its greedy continuation has EOS {eos} at position {at}, so expected the {at + 1} tokens "
                     f"{list(tokens[:at + 1])} (stop at the first EOS, EOS included)")
+    # A stop token is often stamped nowhere (engines stamp times where text is emitted, and EOS emits none).
+    times = out.token_times
+    if times and (len(times) != len(got) or times[-1] != out.finish_time):
+        raise _fail(env, "driver", f"the output that stopped at EOS has {len(got)} tokens but {len(times)} "
+                    f"token_times, the last {times[-1]} against finish_time {out.finish_time}; expected one time per "
+                    "token, the EOS token's included, the last equal to finish_time")
 
 
 @check("set_finetune_adapter")

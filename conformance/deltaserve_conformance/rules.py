@@ -270,7 +270,7 @@ RULES: tuple[Rule, ...] = (
          ("driver__has_unfinished_from_another_thread_during_a_step",)),
     Rule("ClientOutput", "``arrival_time`` is when ``submit``", ("driver__client_output_times_follow_the_request",)),
     Rule("ClientOutput", "``token_times``, when given, holds exactly one time per token",
-         ("driver__client_output_times_follow_the_request",)),
+         ("driver__client_output_times_follow_the_request", "driver__ignore_eos_false_stops_at_the_first_eos")),
     # --- reach, after blind batch 2026-12-05 (checks_reach.py, checks_lifecycle.py)
     Rule("HostDriver.submit", "it never waits for the step to end",
          ("driver__submit_from_another_thread_returns_while_a_step_runs",)),

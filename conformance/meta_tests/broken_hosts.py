@@ -372,6 +372,23 @@ class SinkKeptOnNoneHost(ReferenceHost):
             super().capture_activation(sink)
 
 
+class EosUntimedHost(ReferenceHost):
+    """Stamps a token's time where text would be emitted, so the EOS token that stops a request gets none: one time
+    fewer than tokens, and finish_time the previous token's (blind batch 2026-12-06b, h23)."""
+
+    name = "broken-eos-untimed"
+
+    def step(self):  # noqa: ANN201
+        outputs = super().step()
+        eos = self.model.config.eos_token_id
+        fixed = []
+        for o in outputs:
+            if o.token_ids and o.token_ids[-1] == eos and len(o.token_times) > 1:
+                o = dataclasses.replace(o, token_times=o.token_times[:-1], finish_time=o.token_times[-2])
+            fixed.append(o)
+        return fixed
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2207,6 +2224,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     EngineLayerPathHost: "model_spec__matches_the_checkpoint",
     AbortedIdleStepFalseHost: "driver__run_idle_step_true_for_an_aborted_step",
     SinkKeptOnNoneHost: "capture_activation__none_alone_removes_the_sink",
+    EosUntimedHost: "driver__ignore_eos_false_stops_at_the_first_eos",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
