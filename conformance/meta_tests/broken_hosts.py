@@ -2213,6 +2213,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
     # every check that serves a published version sees the stale weights
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
+                       "publish_adapter__every_version_in_one_step_serves_its_weights",
                        "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                        "publish_adapter__republished_name_serves_the_new_weights",
                        "publish_adapter__requests_in_flight_keep_their_adapter",
@@ -2258,6 +2259,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                          "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
+                        "publish_adapter__every_version_in_one_step_serves_its_weights",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
                         "publish_adapter__version_keeps_its_weights_when_training_moves_on",
@@ -2355,7 +2357,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
                       "capture_activation__abort_stops_compute"),
     FinetuneInstallReslotsHost: "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-    VersionsShareOneSlotHost: "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+    VersionsShareOneSlotHost: ("publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+                               "publish_adapter__every_version_in_one_step_serves_its_weights"),
     # one step() call runs the first request to its end: the later request's prefill is offered only after it
     StepUntilOutputHost: ("driver__step_runs_at_most_one_engine_step",
                           "intercept_schedule__batch_lists_every_unfinished_request"),
