@@ -407,6 +407,22 @@ def check_capture_activation__abort_stops_finetune_only_step(env: ConformanceEnv
                     f"fine-tuning rows; got {record}")
 
 
+@check("driver", requires=_needs_abort)
+def check_driver__run_idle_step_true_for_an_aborted_step(env: ConformanceEnv) -> None:
+    """A fine-tuning-only idle step aborted at a layer boundary ran (its record, with the samples aborted, reaches
+    the step sink), so ``run_idle_step()`` answers True for it: the answer says whether a step executed, not whether
+    it completed a sample. The core aborts such a step whenever a client arrives during it."""
+    samples = make_samples(env, 1, lengths=[9], seed=148, first_id=4800)
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(samples, fired), abort_after_layer=1)
+    env.install(rec)
+    ran = env.host.run_idle_step()  # type: ignore[attr-defined]
+    record = rec.record_for(fired[0]) if fired else None
+    if record is not None and record.aborted_sample_ids and ran is not True:
+        raise _fail(env, "driver", f"run_idle_step() returned {ran!r} for a fine-tuning-only step that ran and was "
+                    f"aborted (its record: {record}); expected True: a step executed")
+
+
 # ------------------------------------------------------------------------------------------ report_step_time
 
 
@@ -561,6 +577,29 @@ def check_publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken(
             raise _fail(env, "publish_adapter", f"base-model request {want.request_id} generated {list(got)} next to "
                         f"adapter rows after {_PUBLISHED_VERSIONS} published versions, but "
                         f"{list(want.token_ids)} on its own: rows without an adapter must get no adapter's delta")
+
+
+@check("publish_adapter")
+def check_publish_adapter__every_version_in_one_step_serves_its_weights(env: ConformanceEnv) -> None:
+    """Requests on more distinct published versions than any engine's default adapter slots per step, all submitted
+    together, each get transformers + PEFT's greedy tokens for their own version: an engine that maps only the
+    first few adapters of a step (a LoRA mapping sized by its slot count) must defer the other rows, not run them on
+    the base model or on another version's weights."""
+    from deltaserve_core.adapter_state import LoraAdapterState
+
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-many")
+    versions: dict[str, LoraAdapterState] = {}
+    for version in range(1, 7):
+        tensors = {k: v * (1.0 + version / 4) for k, v in source.tensors.items()}
+        state = source.with_tensors(tensors, version=version)
+        versions[env.host.publish_adapter(handed_copy(state))] = state  # type: ignore[attr-defined]
+    prompts = make_prompts(env, len(versions), seed=19, max_tokens=5, adapter_every=0, prefix="many-versions")
+    requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=name)
+                for r, name in zip(prompts, versions)]
+    problems = _greedy_problems(env, env.run(requests), requests, lambda r: versions[r.adapter])
+    if problems:
+        raise _fail(env, "publish_adapter", f"{len(versions)} published versions, one request each, submitted "
+                    "together: expected each version's transformers+PEFT greedy outputs; " + "; ".join(problems[:3]))
 
 
 # ------------------------------------------------------------------------------------------ rules the first suite
@@ -1207,6 +1246,31 @@ def check_intercept_schedule__none_removes_every_hook(env: ConformanceEnv) -> No
     if late:
         raise _fail(env, "intercept_schedule", f"after removing every hook with None the old recorder still got "
                     f"{len(late)} calls ({', '.join(sorted(set(late)))}): None must uninstall")
+
+
+@check("capture_activation")
+def check_capture_activation__none_alone_removes_the_sink(env: ConformanceEnv) -> None:
+    """``capture_activation(None)`` removes the sink even while an interceptor keeps adding fine-tuning rows: the
+    rows of later steps never reach the removed sink (no begin_step, layer_input, should_abort or end_step). Removing
+    all three hooks together cannot show this, since no row is added then."""
+    first = make_samples(env, 1, lengths=[8], seed=149, first_id=4900)
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(first, fired))
+    env.install(rec)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    if not rec.begun:
+        raise _fail(env, "capture_activation", "a fine-tuning-only step with the sink installed fed it nothing "
+                    "(no begin_step), so its removal cannot be judged")
+    env.host.capture_activation(None)  # type: ignore[attr-defined]
+    seen = len(rec.events)
+    later = make_samples(env, 1, lengths=[7], seed=150, first_id=4910)
+    again: list[int] = []
+    rec.inject = _inject_into_first_idle(later, again)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    fed = sorted({kind for kind, _ in rec.events[seen:] if kind in ("begin", "layer", "poll", "end")})
+    if fed:
+        raise _fail(env, "capture_activation", f"after capture_activation(None), a step with a fine-tuning row (the "
+                    f"interceptor still installed) called the removed sink: {', '.join(fed)}; None must uninstall it")
 
 
 @check("capture_activation")

@@ -111,7 +111,9 @@ def check_model_spec__matches_the_checkpoint(env: ConformanceEnv) -> None:
     """``model_spec()`` describes the checkpoint the host serves, as its ``config.json`` says: ``path`` a local
     folder holding it (the backward process loads the base from there), ``num_layers``, ``hidden_size`` and
     ``vocab_size`` that config's own values (an engine's padded vocabulary, e.g. rounded up to a multiple of 64, is
-    the engine's layout, not the model's: the backward's output head has the checkpoint's size)."""
+    the engine's layout, not the model's: the backward's output head has the checkpoint's size), and
+    ``layer_module`` the decoder-layer list of the transformers model of that folder (not the engine's module path,
+    which wraps the model once more)."""
     spec = env.host.model_spec()  # type: ignore[attr-defined]
     folder = Path(spec.path)
     if not folder.is_dir():
@@ -128,6 +130,33 @@ def check_model_spec__matches_the_checkpoint(env: ConformanceEnv) -> None:
     if wrong:
         raise _fail(env, "model_spec", "ModelSpec differs from the checkpoint's config.json: " + ", ".join(
             f"{k} {g} (config.json: {t})" for k, (g, t) in wrong.items()) + "; expected the checkpoint's own values")
+    layers = _layer_list(folder, spec.layer_module)
+    if isinstance(layers, str):
+        raise _fail(env, "model_spec", f"ModelSpec.layer_module={spec.layer_module!r} {layers}; expected the dotted "
+                    "path of the decoder-layer list in the transformers model the backward process loads (an "
+                    "engine's own module path is not that)")
+    if layers != truth.get("num_hidden_layers", layers):
+        raise _fail(env, "model_spec", f"ModelSpec.layer_module={spec.layer_module!r} names a list of {layers} "
+                    f"modules in the transformers model, but config.json has {truth.get('num_hidden_layers')} layers; "
+                    "expected the decoder-layer list")
+
+
+def _layer_list(folder: Path, dotted: str) -> int | str:
+    """Length of the module list at ``dotted`` in the transformers model of ``folder`` (built on the meta device: no
+    weights are read), or why it is not one."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    node = model
+    for i, part in enumerate(dotted.split(".")):
+        if not hasattr(node, part):
+            return f"does not resolve on {type(model).__name__}: it has no {'.'.join(dotted.split('.')[:i + 1])!r}"
+        node = getattr(node, part)
+    if not isinstance(node, torch.nn.ModuleList):
+        return f"resolves to a {type(node).__name__} on {type(model).__name__}, not a module list"
+    return len(node)
 
 
 @check("capabilities")
@@ -187,8 +216,8 @@ def _eos_id(env: ConformanceEnv) -> int | None:
 
 @check("driver")
 def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -> None:
-    """A request with ``ignore_eos=False`` stops at the first EOS it generates, EOS included as its last token; the
-    same prompt with ``ignore_eos=True`` runs on to ``max_tokens``. The prompt is found by running candidates with
+    """A request with ``ignore_eos=False`` stops at the first EOS it generates, EOS included as its last token (and
+    timed like every other token); the same prompt with ``ignore_eos=True`` runs on to ``max_tokens``. The prompt is found by running candidates with
     ``ignore_eos=True`` and taking one whose greedy continuation holds EOS early."""
     eos = _eos_id(env)
     if eos is None:
@@ -207,11 +236,18 @@ def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -
                     f"{eos}; a host that never samples EOS under greedy decoding differs from the model")
     probe, tokens, at = found
     again = ClientRequest("eos-stop", probe.prompt_ids, probe.max_tokens, ignore_eos=False)
-    got = env.run([again])[0].token_ids
+    out = env.run([again])[0]
+    got = out.token_ids
     if got != tokens[:at + 1]:
         raise _fail(env, "driver", f"with ignore_eos=False the request got {len(got)} tokens {list(got)[:at + 4]}; "
                     f"its greedy continuation has EOS {eos} at position {at}, so expected the {at + 1} tokens "
                     f"{list(tokens[:at + 1])} (stop at the first EOS, EOS included)")
+    # A stop token is often stamped nowhere (engines stamp times where text is emitted, and EOS emits none).
+    times = out.token_times
+    if times and (len(times) != len(got) or times[-1] != out.finish_time):
+        raise _fail(env, "driver", f"the output that stopped at EOS has {len(got)} tokens but {len(times)} "
+                    f"token_times, the last {times[-1]} against finish_time {out.finish_time}; expected one time per "
+                    "token, the EOS token's included, the last equal to finish_time")
 
 
 @check("set_finetune_adapter")

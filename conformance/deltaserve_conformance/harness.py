@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from deltaserve_core.types import FineTuneSample, ProposedBatch, StepRecord
 
 from .independent import IndependentModel
 
-__all__ = ["MODEL_SHAPES", "PROFILES", "Profile", "OfferLedger", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts",
+__all__ = ["MODEL_SHAPES", "ModelShape", "PROFILES", "Profile", "OfferLedger", "Recorder", "ConformanceEnv", "digest", "handed_copy", "make_prompts",
            "make_samples"]
 
 
@@ -46,13 +47,30 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-#: Checkpoint shapes a host is started on (``build_tiny_llama`` keywords). ``test`` is the suite's own: 2 layers, 4
-#: heads over 2 KV heads, small enough to judge every check against transformers quickly. ``deep`` has what every
-#: production model has and ``test`` lacks: two-digit layer indices (12 layers), another GQA group size (8 heads over 2
-#: KV heads) and wider projections; checks_shapes.py re-runs the numeric checks on it in a child process.
-MODEL_SHAPES: dict[str, dict[str, int]] = {
-    "test": {},
-    "deep": {"num_layers": 12, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 512},
+@dataclass(frozen=True)
+class ModelShape:
+    """A checkpoint a host is started on: ``build_tiny_llama`` keywords, and the client adapter's ``lora_alpha``."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+    client_lora_alpha: float = 16.0
+
+
+#: ``test`` is the suite's own checkpoint: 2 layers, 4 heads over 2 KV heads, small enough to judge every check
+#: against transformers quickly, and plain in every other way. ``deep`` has what deployed models have and ``test``
+#: lacks, each a way an adapter can serve wrong tokens while ``test`` passes: two-digit layer indices (12 layers),
+#: another GQA group size (8 heads over 2 KV heads), a head_dim that is not hidden / heads (Qwen3, Gemma), q/k/v/o
+#: biases (the Qwen2 family), a tied output head (Llama-3.2, Qwen2.5 small, SmolLM2), a rope base of 1e6 (Qwen,
+#: Mistral; Llama-3 5e5), a vocabulary past 65536 (Llama-3, Qwen: ids that overflow 16 bits), a
+#: generation_config.json with a repetition penalty (Qwen2.5-Instruct ships one; a greedy client request must not
+#: pick it up) and a client adapter with lora_alpha 32 (scaling from the adapter's own config, not a default 16).
+#: checks_shapes.py re-runs the numeric checks on it in a child process.
+MODEL_SHAPES: dict[str, ModelShape] = {
+    "test": ModelShape(),
+    "deep": ModelShape(
+        model={"num_layers": 12, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 512,
+               "head_dim": 48, "attention_bias": True, "tie_word_embeddings": True, "rope_theta": 1.0e6,
+               "model_vocab_size": 70000, "generation_config": {"repetition_penalty": 1.3}},
+        client_lora_alpha=32.0),
 }
 
 

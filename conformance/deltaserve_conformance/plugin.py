@@ -96,8 +96,9 @@ def build_env(host_spec: str, *, device: str = "cpu", dtype: str = "float32",
     root = cache_dir or Path(os.environ.get("DELTASERVE_CACHE", Path.home() / ".cache" / "deltaserve")) / "conformance"
     if model_shape != "test":
         root = root / model_shape
-    model_dir = build_tiny_llama(root / "tiny-llama", **MODEL_SHAPES[model_shape])
-    client_dir = build_lora_adapter(model_dir, root / "client-adapter", seed=1)
+    shape = MODEL_SHAPES[model_shape]
+    model_dir = build_tiny_llama(root / "tiny-llama", **shape.model)
+    client_dir = build_lora_adapter(model_dir, root / "client-adapter", seed=1, lora_alpha=shape.client_lora_alpha)
     ft_dir = build_lora_adapter(model_dir, root / "finetune-adapter", seed=2, r=8)
     config = HostConfig(model=str(model_dir), dtype=dtype, device=device, max_lora_rank=16,
                         client_adapters={CLIENT_ADAPTER: str(client_dir)}, options=dict(options or {}))

@@ -322,6 +322,73 @@ class SlotSpillHost(ReferenceHost):
         return super()._linear(x, module, layer, name, groups)
 
 
+class FourAdaptersPerStepHost(ReferenceHost):
+    """Maps only the first four adapters of a step (a LoRA mapping sized by the engine's default slot count, the
+    reserved one included) and runs every other adapter's rows on the base model, instead of deferring them
+    (blind batch 2026-12-06b, h07)."""
+
+    name = "broken-four-adapters-per-step"
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super()._linear(x, module, layer, name, dict(list(groups.items())[:4]))
+
+
+class EngineLayerPathHost(ReferenceHost):
+    """Names the decoder layers by an engine runner's module path (``model.model.layers``: the runner's model wraps
+    the ``*ForCausalLM``), which does not resolve on the transformers model the backward loads (blind batch
+    2026-12-06b, h11)."""
+
+    name = "broken-engine-layer-path"
+
+    def model_spec(self):  # noqa: ANN201
+        return dataclasses.replace(super().model_spec(), layer_module="model.model.layers")
+
+
+class AbortedIdleStepFalseHost(ReferenceHost):
+    """run_idle_step() answers whether the step completed a sample, so an aborted fine-tuning-only step, which ran,
+    is reported as no step (blind batch 2026-12-06b, h14)."""
+
+    name = "broken-aborted-idle-step-false"
+
+    def _execute(self, step_id, rows, tokens, synthetic=False):  # noqa: ANN001, ANN201
+        self._last = super()._execute(step_id, rows, tokens, synthetic)
+        return self._last
+
+    def run_idle_step(self) -> bool:
+        self._last = None
+        ran = super().run_idle_step()
+        return ran and self._last is not None and bool(self._last.finetune_sample_ids)
+
+
+class SinkKeptOnNoneHost(ReferenceHost):
+    """Forwards only a real sink to where capture happens, so capture_activation(None) leaves the old sink fed by
+    every later step with fine-tuning rows (blind batch 2026-12-06b, h18)."""
+
+    name = "broken-sink-kept-on-none"
+
+    def capture_activation(self, sink):  # noqa: ANN001, ANN201
+        if sink is not None:
+            super().capture_activation(sink)
+
+
+class EosUntimedHost(ReferenceHost):
+    """Stamps a token's time where text would be emitted, so the EOS token that stops a request gets none: one time
+    fewer than tokens, and finish_time the previous token's (blind batch 2026-12-06b, h23)."""
+
+    name = "broken-eos-untimed"
+
+    def step(self):  # noqa: ANN201
+        outputs = super().step()
+        eos = self.model.config.eos_token_id
+        fixed = []
+        for o in outputs:
+            if o.token_ids and o.token_ids[-1] == eos and len(o.token_times) > 1:
+                o = dataclasses.replace(o, token_times=o.token_times[:-1], finish_time=o.token_times[-2])
+            fixed.append(o)
+        return fixed
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2146,6 +2213,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
     # every check that serves a published version sees the stale weights
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
+                       "publish_adapter__every_version_in_one_step_serves_its_weights",
                        "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                        "publish_adapter__republished_name_serves_the_new_weights",
                        "publish_adapter__requests_in_flight_keep_their_adapter",
@@ -2153,6 +2221,11 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
+    FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
+    EngineLayerPathHost: "model_spec__matches_the_checkpoint",
+    AbortedIdleStepFalseHost: "driver__run_idle_step_true_for_an_aborted_step",
+    SinkKeptOnNoneHost: "capture_activation__none_alone_removes_the_sink",
+    EosUntimedHost: "driver__ignore_eos_false_stops_at_the_first_eos",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
@@ -2177,6 +2250,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                    "set_finetune_adapter__every_target_module_applies_or_is_refused",
                                    "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused"),
     PublishScalingHost: ("publish_adapter__serves_published_weights",
+                         "publish_adapter__every_version_in_one_step_serves_its_weights",
                          "publish_adapter__new_version_never_served_stale_kv",
                          "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                          "publish_adapter__republished_name_serves_the_new_weights",
@@ -2185,6 +2259,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                          "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
+                        "publish_adapter__every_version_in_one_step_serves_its_weights",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
                         "publish_adapter__version_keeps_its_weights_when_training_moves_on",
@@ -2282,7 +2357,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
                       "capture_activation__abort_stops_compute"),
     FinetuneInstallReslotsHost: "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-    VersionsShareOneSlotHost: "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+    VersionsShareOneSlotHost: ("publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
+                               "publish_adapter__every_version_in_one_step_serves_its_weights"),
     # one step() call runs the first request to its end: the later request's prefill is offered only after it
     StepUntilOutputHost: ("driver__step_runs_at_most_one_engine_step",
                           "intercept_schedule__batch_lists_every_unfinished_request"),

@@ -252,8 +252,9 @@ class ModelSpec:
 
     ``path`` must be a local transformers checkpoint folder holding its ``config.json`` (the backward process loads
     or maps the base weights from it when the host cannot share its own tensors), and ``num_layers``,
-    ``hidden_size`` and ``vocab_size`` must be that config's own values, never an engine's padded sizes; ``layer_module`` is the dotted attribute path of the
-    decoder-layer list in a transformers model (``"model.layers"`` for Llama-style families). ``dtype`` must be the
+    ``hidden_size`` and ``vocab_size`` must be that config's own values, never an engine's padded sizes. ``layer_module`` must be the dotted attribute path of the
+    decoder-layer list in the transformers model of that folder (``"model.layers"`` for Llama-style families), never
+    an engine's own module path. ``dtype`` must be the
     dtype the engine serves the model in (the backward process loads the base and replays captures in it).
     """
 

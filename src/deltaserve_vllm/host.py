@@ -2,7 +2,8 @@
 
 ``HostConfig.options`` (all optional, strings accepted as from ``--host-option``):
 
-- ``max_loras`` (default 4): LoRA slots per step; one is needed by the reserved fine-tuning adapter.
+- ``max_loras`` (default 4, at least 2): the engine's LoRA slots; one is pinned to the reserved fine-tuning adapter,
+  so a step holds at most ``max_loras - 1`` client adapters (rows of further adapters wait for a later step).
 - ``max_cpu_loras`` (default 16): adapters kept loaded (client + published versions + reserved).
 - ``enable_prefix_caching`` (default true), ``block_size``, ``gpu_memory_utilization`` (CUDA).
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
@@ -369,6 +370,9 @@ def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -
     The host adds those three; the bench's ``stock_ds_config`` system runs unmodified vLLM with exactly these, so
     that the cost of DeltaServe's configuration and the cost of its hooks are measured apart."""
     opts = config.options
+    if int(opts.get("max_loras", 4)) < 2:
+        raise ValueError(f"host option max_loras={opts['max_loras']!r}: one LoRA slot is pinned to the fine-tuning "
+                         "adapter and clients need at least one more; set max_loras to 2 or more (default 4)")
     kwargs: dict[str, Any] = {
         "model": config.model, "dtype": config.dtype, "seed": config.seed,
         "enforce_eager": not cuda, "enable_lora": True, "max_lora_rank": config.max_lora_rank,

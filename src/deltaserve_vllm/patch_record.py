@@ -96,6 +96,17 @@ PATCHES: tuple[PatchRecord, ...] = (
         upstream="not proposed yet: a shutdown callback for plugins/schedulers",
         remove_when="vLLM offers a shutdown callback", breaks_if="vLLM installs its handler after building the engine",
         applies="server"),
+    PatchRecord(
+        target="Scheduler.lora_config (the DeltaServe scheduler's own reference)",
+        how="replaced in DeltaServeSchedulerMixin.__init__ by a copy with max_loras - 1; the worker keeps the real "
+            "slot count",
+        why="the reserved fine-tuning adapter is pinned in one slot, and vLLM caps a step at max_loras adapters: "
+            "a step with max_loras client adapters failed in the worker (its LoRA mapping named an adapter no slot "
+            "held; found by publish_adapter__every_version_in_one_step_serves_its_weights)",
+        upstream="not proposed yet: the scheduler's cap could count pinned adapters (they hold a slot whether or "
+                 "not the step uses them)",
+        remove_when="vLLM's scheduler subtracts pinned adapters from max_loras",
+        breaks_if="vLLM's scheduler reads the LoRA cap from somewhere else than self.lora_config", applies="engine"),
 )
 
 check_patch_records(PATCHES)

@@ -38,6 +38,7 @@ rules make that safe, and both schedulers share them (:class:`DeltaServeSchedule
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import time
@@ -112,6 +113,16 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
             raise RuntimeError("deltaserve_vllm does not support KV connectors or speculative decoding yet")
         if self.lora_config is None:
             raise RuntimeError("deltaserve_vllm needs enable_lora=True: fine-tuning rows run on a reserved LoRA")
+        # The reserved fine-tuning adapter is pinned in one of the worker's max_loras slots, so a step can hold at
+        # most max_loras - 1 client adapters. vLLM's scheduler caps a step at max_loras adapters: left as it is, a
+        # step with one adapter too many reaches the worker, whose LoRA mapping then names an adapter no slot holds,
+        # and the step fails with every client row in it. vLLM's cap is given the slots the clients really have;
+        # the injection path counts the reserved adapter against the true slot count.
+        self._ds_lora_slots = self.lora_config.max_loras
+        if self._ds_lora_slots < 2:
+            raise RuntimeError(f"max_loras={self._ds_lora_slots}: DeltaServe pins one LoRA slot to the fine-tuning "
+                               "adapter, so clients need at least one more; set max_loras to 2 or more")
+        self.lora_config = dataclasses.replace(self.lora_config, max_loras=self._ds_lora_slots - 1)
         if getattr(self.scheduler_config, "async_scheduling", False) and not self._ds_async:
             # Under async scheduling a plain Scheduler re-schedules nothing still in flight, so vLLM would run,
             # but without overlap (vLLM warns); the matching subclass is the async one.
@@ -259,7 +270,7 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         # (clients' rows with it), so it is refused here like any sample the step cannot take.
         if (tokens > self.max_num_scheduled_tokens - out.total_num_scheduled_tokens
                 or len(self.running) + len(samples) > self.max_num_running_reqs
-                or len(loras) > self.lora_config.max_loras
+                or len(loras) > self._ds_lora_slots
                 or max(s.num_tokens for s in samples) >= self.max_model_len):
             return {}, samples
         requests: list[tuple[Request, FineTuneSample, Any]] = []

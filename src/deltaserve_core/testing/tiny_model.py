@@ -55,14 +55,27 @@ def _train_tokenizer(vocab_size: int):
 def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, hidden_size: int = 128,
                      num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 256,
                      vocab_size: int = 512, max_position_embeddings: int = 1024, seed: int = 0,
-                     dtype: torch.dtype = torch.float32) -> Path:
-    """Write a random-weight ``LlamaForCausalLM`` + tokenizer folder (idempotent: reuses a matching folder)."""
+                     dtype: torch.dtype = torch.float32, head_dim: int | None = None, attention_bias: bool = False,
+                     tie_word_embeddings: bool = False, rope_theta: float = 10000.0,
+                     model_vocab_size: int | None = None,
+                     generation_config: dict[str, float | int] | None = None) -> Path:
+    """Write a random-weight ``LlamaForCausalLM`` + tokenizer folder (idempotent: reuses a matching folder).
+
+    ``vocab_size`` is the tokenizer's BPE target; ``model_vocab_size`` widens the model's embedding and head past the
+    tokenizer (as Qwen's and Llama-3's checkpoints do), so token ids the tokenizer never emits still reach the model.
+    ``attention_bias`` gives q/k/v/o random non-zero biases; ``generation_config`` is written as the checkpoint's
+    ``generation_config.json`` (sampling defaults an engine may pick up)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(directory)
     stamp = {"num_layers": num_layers, "hidden_size": hidden_size, "num_heads": num_heads,
              "num_kv_heads": num_kv_heads, "intermediate_size": intermediate_size, "vocab_size": vocab_size,
              "seed": seed, "dtype": str(dtype), "max_position_embeddings": max_position_embeddings}
+    variations = {"head_dim": head_dim, "attention_bias": attention_bias or None,
+                  "tie_word_embeddings": tie_word_embeddings or None,
+                  "rope_theta": rope_theta if rope_theta != 10000.0 else None, "model_vocab_size": model_vocab_size,
+                  "generation_config": generation_config}
+    stamp.update({k: v for k, v in variations.items() if v is not None})  # the default model's stamp is unchanged
     marker = out / "deltaserve_tiny.json"
 
     def built(folder: Path) -> bool:
@@ -74,20 +87,28 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
     with _building(out) as staging:
         tokenizer = _train_tokenizer(vocab_size)
         config = LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-            num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-            head_dim=hidden_size // num_heads, max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5,
-            tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
+            vocab_size=max(len(tokenizer), model_vocab_size or 0), hidden_size=hidden_size,
+            intermediate_size=intermediate_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads, head_dim=head_dim or hidden_size // num_heads,
+            max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, attention_bias=attention_bias,
+            rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
+            tie_word_embeddings=tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(dtype)
         with torch.no_grad():  # wider init than HF's default so random models produce varied greedy text
-            for p in model.parameters():
+            for name, p in model.named_parameters():
                 if p.dim() == 2:
+                    p.normal_(0.0, 0.08)
+                elif name.endswith(".bias"):  # HF starts biases at zero, which no bug that drops them could show
                     p.normal_(0.0, 0.08)
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        if generation_config is not None:
+            (staging / "generation_config.json").write_text(json.dumps(
+                {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, **generation_config},
+                indent=2))
         (staging / marker.name).write_text(json.dumps(stamp))
         return _install(staging, out, built)
 
@@ -100,9 +121,13 @@ def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.Pa
     from transformers import AutoModelForCausalLM
 
     out = Path(directory)
+    model_stamp = Path(model_dir) / "deltaserve_tiny.json"
+    stamp = {"r": r, "lora_alpha": lora_alpha, "target_modules": list(target_modules), "seed": seed, "scale": scale,
+             "model": json.loads(model_stamp.read_text()) if model_stamp.is_file() else str(model_dir)}
 
-    def built(folder: Path) -> bool:
-        return (folder / "adapter_model.safetensors").is_file()
+    def built(folder: Path) -> bool:  # a folder made for another checkpoint or other settings is rebuilt
+        m = folder / "deltaserve_lora.json"
+        return (folder / "adapter_model.safetensors").is_file() and m.is_file() and json.loads(m.read_text()) == stamp
 
     if built(out):
         return out
@@ -116,6 +141,7 @@ def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.Pa
                 if "lora_" in name:
                     p.copy_(torch.randn(p.shape, generator=gen) * scale)
         model.save_pretrained(staging)
+        (staging / "deltaserve_lora.json").write_text(json.dumps(stamp))
         return _install(staging, out, built)
 
 
