@@ -101,6 +101,41 @@ def check_driver__run_idle_step_answers_whether_a_step_ran(env: ConformanceEnv) 
                     f"the row: {len(carried)}; expected True and the step's record")
 
 
+@check("driver")
+def check_driver__has_unfinished_true_when_the_finishing_steps_record_arrives(env: ConformanceEnv) -> None:
+    """A step record delivered before ``step()`` has returned the output of the request that finished in that step
+    finds ``has_unfinished()`` True: the request is unfinished until its output is returned, and the core's step sink
+    reads request state right there. An engine that frees finished requests before it hands the record over answers
+    False for a request whose output nobody has received. Judged for records delivered on the thread that called
+    ``step()`` (hosts with their own engine thread may deliver later, legitimately)."""
+    import threading
+
+    rec = Recorder()
+    env.install(rec)
+    driving = threading.get_ident()
+    returned = False
+    answers: list[tuple[int, bool]] = []
+
+    def sink(record) -> None:  # noqa: ANN001
+        if threading.get_ident() == driving and not returned:
+            answers.append((record.step_id, env.host.has_unfinished()))  # type: ignore[attr-defined]
+
+    env.host.report_step_time(sink)  # type: ignore[attr-defined]
+    request = make_prompts(env, 1, seed=154, max_tokens=3, adapter_every=0, prefix="finish-record")[0]
+    env.host.submit(request)  # type: ignore[attr-defined]
+    for _ in range(10_000):
+        if any(o.request_id == request.request_id for o in env.host.step()):  # type: ignore[attr-defined]
+            returned = True
+            break
+    else:
+        raise _fail(env, "driver", f"{request.request_id} was not returned by step() within 10000 steps")
+    false_at = [step for step, unfinished in answers if not unfinished]
+    if false_at:
+        raise _fail(env, "driver", f"has_unfinished() answered False when the records of steps {false_at} arrived, "
+                    f"before step() had returned {request.request_id!r}'s output; expected True until the output is "
+                    "returned (the core's step sink decides on it)")
+
+
 def _checkpoint_config(path: Path) -> dict | None:
     cfg = path / "config.json"
     return json.loads(cfg.read_text()) if cfg.is_file() else None

@@ -389,6 +389,29 @@ class EosUntimedHost(ReferenceHost):
         return fixed
 
 
+class RecordAfterFreeHost(ReferenceHost):
+    """Counts a request as finished as soon as its last step ran, before step() returns its output, so the finishing
+    step's record finds has_unfinished() False (blind batch 2026-12-06b, h30)."""
+
+    name = "broken-record-after-free"
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self._in_step = False
+
+    def step(self):  # noqa: ANN201
+        self._in_step = True
+        try:
+            return super().step()
+        finally:
+            self._in_step = False
+
+    def has_unfinished(self) -> bool:
+        if self._in_step:  # the engine's view after it freed the step's finished requests
+            return any(len(s.output) < s.request.max_tokens for s in self._running) or bool(self._waiting)
+        return super().has_unfinished()
+
+
 class MistypedHookHost(ReferenceHost):
     """intercept_schedule names its parameter differently from the protocol (keyword calls would break)."""
 
@@ -2226,6 +2249,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AbortedIdleStepFalseHost: "driver__run_idle_step_true_for_an_aborted_step",
     SinkKeptOnNoneHost: "capture_activation__none_alone_removes_the_sink",
     EosUntimedHost: "driver__ignore_eos_false_stops_at_the_first_eos",
+    RecordAfterFreeHost: "driver__has_unfinished_true_when_the_finishing_steps_record_arrives",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
