@@ -40,17 +40,17 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .finetune_data.pool import FinetunePool, _sample_ids
-from .job_config import DataParallelSpec, JobConfigError
+from .job_config import DataParallelSpec, JobConfig, JobConfigError
 from .types import FineTuneSample
 
 __all__ = ["ENV_RANK", "Contribution", "DataParallelRank", "ExchangeResult", "GradientExchange", "RankPool",
-           "connect_store", "parse_rendezvous", "resolve_rank"]
+           "connect_store", "for_engine", "parse_rendezvous", "resolve_rank"]
 
 log = logging.getLogger("deltaserve.data_parallel")
 
@@ -88,7 +88,40 @@ def resolve_rank(spec: DataParallelSpec, env: Mapping[str, str] | None = None, e
     if not 0 <= rank < spec.world_size:
         raise JobConfigError(f"{ENV_RANK}={rank} is outside 0..{spec.world_size - 1} "
                              f"(data_parallel.world_size: {spec.world_size}); give each replica its own rank")
+    if not spec.rendezvous:
+        raise JobConfigError(f"job config: data_parallel.rendezvous: required with world_size {spec.world_size} when "
+                             "the replicas are separate servers: set it to host:port of rank 0's host, e.g. "
+                             "10.0.0.1:29555 (an engine that runs the replicas itself, `vllm serve "
+                             "--data-parallel-size N` on one node, derives it)")
     return rank
+
+
+def for_engine(job: JobConfig, engine_size: int, *, rendezvous: str | None, flag: str) -> JobConfig:
+    """``job`` for an engine that runs ``engine_size`` data-parallel replicas itself (one CoServer in each), which
+    then pass their engine ranks as ``engine_rank``: one job spans them, never ``engine_size`` independent copies.
+
+    ``data_parallel.world_size`` left at 1 is taken from the engine, a different value is refused; a missing
+    ``data_parallel.rendezvous`` becomes ``rendezvous`` (the engine's own choice; None where the engine cannot
+    make one, e.g. replicas on several nodes, and the file must name it). ``flag``: how the operator sets the
+    engine's size, for the messages. Refused with the key, the value and the fix, before anything starts."""
+    spec = job.data_parallel
+    if engine_size <= 1:
+        return job  # separate servers, or none: the file and DELTASERVE_DP_RANK say
+    if spec.world_size not in (1, engine_size):
+        raise JobConfigError(f"job config: data_parallel.world_size is {spec.world_size}, but the engine runs "
+                             f"{engine_size} data-parallel replicas ({flag} {engine_size}) and the job spans them: "
+                             f"set data_parallel.world_size to {engine_size} or leave it out (it is then taken "
+                             f"from {flag}), or start the engine with {flag} {spec.world_size}")
+    address = spec.rendezvous or rendezvous
+    if not address:
+        raise JobConfigError(f"job config: data_parallel.rendezvous: required with {flag} {engine_size} here: the "
+                             "engine's replicas do not all run under this server, so it cannot choose one; set it "
+                             "to host:port reachable from every replica on the first replica's host, e.g. "
+                             "10.0.0.1:29555")
+    try:
+        return replace(job, data_parallel=replace(spec, world_size=engine_size, rendezvous=address))
+    except JobConfigError as exc:  # e.g. periodic checkpoints off, which data parallelism needs
+        raise JobConfigError(f"{exc} (data parallelism from {flag} {engine_size})") from None
 
 
 @dataclass(frozen=True)
@@ -558,6 +591,7 @@ class DataParallelMixin:
         self._dp_last: dict[str, Any] | None = None
         self._dp_rank_tokens: dict[int, int] = {}
         self._dp_rank_samples: dict[int, int] = {}
+        self._dp_steps_with_own = 0  # landed global steps that trained samples of this rank
         self.dp_stale_parts = 0
         if job.data_parallel.enabled:
             rank = resolve_rank(job.data_parallel, engine_rank=engine_rank)
@@ -603,6 +637,8 @@ class DataParallelMixin:
     def _dp_step_landed(self, rep: Any) -> None:
         info = rep.extra.get("dp") or {}
         self._dp_last = info
+        if rep.sample_ids:
+            self._dp_steps_with_own += 1
         for r, m in (info.get("per_rank") or {}).items():
             self._dp_rank_tokens[int(r)] = self._dp_rank_tokens.get(int(r), 0) + int(m["tokens"])
             self._dp_rank_samples[int(r)] = self._dp_rank_samples.get(int(r), 0) + int(m["samples"])
@@ -616,7 +652,6 @@ class DataParallelMixin:
         lands, which bounds a global step to ``world_size`` such shares (the counter closes it at the first
         ``backward_batch_tokens`` accumulated across ranks; ranks still forwarding at that moment add theirs)."""
         return self._step_tokens >= self.job.backward_batch_tokens  # type: ignore[attr-defined]
-        self._dp_close_requested = None
 
     def _dp_maybe_close(self) -> None:
         """This rank can admit nothing more until a global step lands (its share of the data is out, or all of it is
@@ -657,4 +692,5 @@ class DataParallelMixin:
                 "trained_tokens_by_rank": {str(r): t for r, t in sorted(self._dp_rank_tokens.items())},
                 "trained_samples_by_rank": {str(r): n for r, n in sorted(self._dp_rank_samples.items())},
                 "trained_tokens_all_ranks": total_tokens,
+                "global_steps_with_own_samples": self._dp_steps_with_own,
                 "this_rank": self.pool.progress()}  # type: ignore[attr-defined]
