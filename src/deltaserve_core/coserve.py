@@ -477,8 +477,10 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         # idle step it runs in
         if self.stats.paused_reason is not None or self.stats.training_paused is not None:
             return not self._host_work  # nothing more will be trained: let idle hosts stop stepping
-        return (self.pool.finished and bw is not None and not bw.busy and not bw.accumulating
+        done = (self.pool.finished and bw is not None and not bw.busy and not bw.accumulating
                 and not self._pending_ids and not self._step_ids and self._recovering is None and not self._host_work)
+        # a rank whose share is trained still applies (and publishes) the global steps of the others' shares
+        return done and (self.dp is None or self._dp_all_done())
 
     def _maybe_log(self) -> None:
         now = time.monotonic()

@@ -592,6 +592,9 @@ class DataParallelMixin:
         self._dp_rank_tokens: dict[int, int] = {}
         self._dp_rank_samples: dict[int, int] = {}
         self._dp_steps_with_own = 0  # landed global steps that trained samples of this rank
+        self._dp_done_mark: int | None = None  # the adapter step this rank's "share trained" mark says
+        self._dp_done_checked = 0.0
+        self._dp_all_done_seen = False
         self.dp_stale_parts = 0
         if job.data_parallel.enabled:
             rank = resolve_rank(job.data_parallel, engine_rank=engine_rank)
@@ -661,6 +664,28 @@ class DataParallelMixin:
         if self._dp_close_requested != step and self._step_ids:  # type: ignore[attr-defined]
             self._dp_close_requested = step
             bw.apply()
+
+    def _dp_all_done(self) -> bool:
+        """Called once this rank's own share is trained and applied: whether every rank's is, and this rank has
+        applied the last global step. Each rank marks its share done with the adapter step it is at in the store
+        (``done/<rank>``); the last global step is the highest mark, since the rank whose samples it trained marks
+        only after applying it. Checked at most every 0.2 s: idle engines ask between their steps."""
+        if self._dp_all_done_seen:
+            return True
+        assert self.dp is not None and self._dp_store is not None
+        step = self.stats.adapter_step  # type: ignore[attr-defined]
+        if self._dp_done_mark != step:
+            self._dp_store.set(f"done/{self.dp.rank}", str(step))
+            self._dp_done_mark = step
+        now = time.monotonic()
+        if now - self._dp_done_checked < 0.2:
+            return False
+        self._dp_done_checked = now
+        keys = [f"done/{r}" for r in range(self.dp.world_size)]
+        if not self._dp_store.check(keys):
+            return False
+        self._dp_all_done_seen = step >= max(int(self._dp_store.get(k)) for k in keys)
+        return self._dp_all_done_seen
 
     def _dp_recovered(self, step: int) -> None:
         """After this rank's backward restarted and replayed the decided steps: samples of its own that the replay
