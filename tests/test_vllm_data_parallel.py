@@ -49,6 +49,7 @@ pytestmark = [pytest.mark.data_parallel,
 ADAPTER = "dpjob"
 JOB_ID = f"ftjob-{ADAPTER}"
 SAMPLES = 24  # write_job's records
+EPOCHS = 3  # long enough for the first client requests to run beside fine-tuning rows
 
 
 # ---------------------------------------------------------------------------------------------- no server
@@ -147,7 +148,7 @@ def test_the_ranks_answers_merge_into_one_job_with_per_rank_and_total_progress()
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = write_job(tmp_path_factory.mktemp("dp-serve"), adapter=ADAPTER, epochs=1,
+    path = write_job(tmp_path_factory.mktemp("dp-serve"), adapter=ADAPTER, epochs=EPOCHS,
                      checkpoint="{dir: ckpt, every_steps: 2, keep: 50}", publish="{policy: on_checkpoint}")
     with open(path, "a") as f:  # no world_size, no rendezvous: vLLM's --data-parallel-size gives them
         f.write("data_parallel: {claim_samples: 4}\n")
@@ -172,19 +173,30 @@ def _get_job(server: dict) -> dict:
     return body
 
 
-def test_greedy_outputs_equal_plain_vllm_on_every_engine(server: dict, plain_outputs: list[list[int]]) -> None:  # noqa: F811
-    """Concurrent requests, so that the load balancer spreads them over both engines (each API server prefers its
-    own engine when both are idle)."""
+def test_greedy_outputs_equal_plain_vllm_on_every_engine(
+        plain_outputs: list[list[int]], server: dict) -> None:  # noqa: F811
+    """Plain vLLM's outputs are taken first, so the requests come while the job trains. Concurrent requests, so
+    that the load balancer spreads them over both engines (each API server prefers its own engine when both are
+    idle). Each rank's SLO monitor, which samples its engine's running requests every 0.1 s, shows that both
+    engines served; long requests make sure it sees them."""
     def ask(prompt: list[int]) -> list[int]:
         status, body = _complete(server["base"], server["model"], prompt)
         assert status == 200, body
         return body["choices"][0]["token_ids"]
 
+    def ask_long(prompt: list[int]) -> int:
+        status, body = http_json("POST", f"{server['base']}/v1/completions", {
+            "model": server["model"], "prompt": prompt, "max_tokens": 48, "temperature": 0.0, "ignore_eos": True},
+            key=API_KEY)
+        assert status == 200, body
+        return body["usage"]["completion_tokens"]
+
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         for _ in range(3):
             assert list(pool.map(ask, PROMPTS)) == plain_outputs
+        assert list(pool.map(ask_long, PROMPTS)) == [48] * len(PROMPTS)
     requests = [r["slo_requests"] for r in _get_job(server)["deltaserve"]["data_parallel"]["ranks"]]
-    assert sum(requests) >= 3 * len(PROMPTS) and min(requests) > 0, requests
+    assert min(requests) > 0, requests
 
 
 def test_both_ranks_train_one_job_and_the_jobs_api_shows_each_and_the_total(server: dict) -> None:
@@ -199,13 +211,37 @@ def test_both_ranks_train_one_job_and_the_jobs_api_shows_each_and_the_total(serv
     for r in ranks:
         assert r["status"] == "succeeded" and r["trained_tokens"] > 0 and r["samples_completed"] > 0, r
         assert r["global_steps_with_own_samples"] > 0 and r["step"] == dp["total"]["step"], r
-    # each sample counted once over the ranks: a sample trained on both would push the sum past the epoch
-    assert dp["total"]["samples_completed"] == job["deltaserve"]["progress"]["samples_completed"] == SAMPLES
+    # each sample counted once per epoch over the ranks: one trained on both would push the sum past the epochs
+    assert dp["total"]["samples_completed"] == job["deltaserve"]["progress"]["samples_completed"] == EPOCHS * SAMPLES
     assert dp["total"]["trained_tokens"] == job["trained_tokens"] == sum(r["trained_tokens"] for r in ranks)
     assert dp["total"]["steps_agree"] and dp["total"]["step"] >= 2
     log = server["log"].read_text()
     assert "one fine-tuning job over the 2 data-parallel engines" in log
     assert "data-parallel rank 0" in log and "data-parallel rank 1" in log
+
+
+def test_a_published_version_is_served_by_name_from_every_engine(server: dict) -> None:
+    """The API servers load a requested version into every engine (vLLM's add_lora reaches them all): the same
+    greedy tokens whichever engine runs it, and different from the base model's."""
+    versions = sorted(server["ckpt"].joinpath("published").glob(f"{ADAPTER}@v*"),
+                      key=lambda p: int(p.name.split("@v")[1]))
+    assert versions, server["log"].read_text()[-4000:]
+    name = versions[-1].name
+
+    def ask(model: str) -> tuple[str, list[int]]:
+        status, body = http_json("POST", f"{server['base']}/v1/completions", {
+            "model": model, "prompt": PROMPTS[1], "max_tokens": 48, "temperature": 0.0, "ignore_eos": True,
+            "return_token_ids": True}, key=API_KEY)
+        assert status == 200, body
+        return body["model"], body["choices"][0]["token_ids"]
+
+    before = {r["rank"]: r["slo_requests"] for r in _get_job(server)["deltaserve"]["data_parallel"]["ranks"]}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, [name] * 8))
+    assert {model for model, _ in answers} == {name} and len({tuple(t) for _, t in answers}) == 1, answers
+    assert answers[0][1] != ask(server["model"])[1]  # the trained adapter changes the greedy tokens
+    after = {r["rank"]: r["slo_requests"] for r in _get_job(server)["deltaserve"]["data_parallel"]["ranks"]}
+    assert all(after[r] > before[r] for r in before), (before, after)
 
 
 def _tensors(folder: Path) -> dict[str, Any]:
@@ -221,7 +257,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def test_samples_once_and_identical_adapters_after_the_interrupt(server: dict) -> None:
-    """A Ctrl-C writes each rank's final checkpoint; each records the samples its rank trained."""
+    """A Ctrl-C writes each rank's final checkpoint; each records the samples its rank trained in the last epoch."""
     proc = server["proc"]
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=180)

@@ -221,8 +221,9 @@ def _merge_jobs(jobs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(jobs) > 1 and any(r["rank"] is None for r in ranks):
         # several engines answered for a job that is not data-parallel: they train independent copies
         raise ValueError(f"job {jobs[0]['id']} answered from {len(jobs)} engines without a data-parallel rank")
-    ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-    merged = copy.deepcopy(next(j for j in jobs if (j["deltaserve"].get("data_parallel") or {}).get("rank") in (0, None)))
+    order = sorted(range(len(jobs)), key=lambda i: ranks[i]["rank"] if ranks[i]["rank"] is not None else -1)
+    ranks = [ranks[i] for i in order]
+    merged = copy.deepcopy(jobs[order[0]])  # rank 0's (the only one without data parallelism)
     ds = merged["deltaserve"]
     tokens = sum(r["trained_tokens"] for r in ranks)
     samples = sum(r["samples_completed"] for r in ranks)
