@@ -665,18 +665,25 @@ class DataParallelMixin:
             self._dp_close_requested = step
             bw.apply()
 
-    def _dp_all_done(self) -> bool:
-        """Called once this rank's own share is trained and applied: whether every rank's is, and this rank has
-        applied the last global step. Each rank marks its share done with the adapter step it is at in the store
-        (``done/<rank>``); the last global step is the highest mark, since the rank whose samples it trained marks
-        only after applying it. Checked at most every 0.2 s: idle engines ask between their steps."""
-        if self._dp_all_done_seen:
-            return True
+    def _dp_mark_done(self) -> None:
+        """This rank's share is trained and applied: say so in the store (``done/<rank>``), with the adapter step it
+        is at, again whenever a later global step (of the others' shares) lands here."""
         assert self.dp is not None and self._dp_store is not None
         step = self.stats.adapter_step  # type: ignore[attr-defined]
         if self._dp_done_mark != step:
             self._dp_store.set(f"done/{self.dp.rank}", str(step))
             self._dp_done_mark = step
+
+    def _dp_all_done(self) -> bool:
+        """Called once this rank's own share is trained and applied: whether every rank's is, and this rank has
+        applied the last global step. The last global step is the highest ``done`` mark, since the rank whose
+        samples it trained marks only after applying it. Checked at most every 0.2 s: idle engines ask between
+        their steps."""
+        if self._dp_all_done_seen:
+            return True
+        assert self.dp is not None and self._dp_store is not None
+        self._dp_mark_done()
+        step = self.stats.adapter_step  # type: ignore[attr-defined]
         now = time.monotonic()
         if now - self._dp_done_checked < 0.2:
             return False

@@ -63,7 +63,7 @@ def _deltaserve_enabled(args: Namespace | None) -> bool:
 def _engines(engine_client: Any) -> tuple[Any, list[Any]] | None:
     """The engine-core client and its engines' identities when this server's client talks to several engines
     (``--data-parallel-size`` > 1), else None. ``core_engines`` and ``_call_utility_async`` are the client's own
-    members on every supported vLLM (0.26 to 0.32)."""
+    members in 0.32 and (read, not run) 0.26."""
     core = getattr(engine_client, "engine_core", None)
     identities = list(getattr(core, "core_engines", None) or ())
     if len(identities) < 2 or not callable(getattr(core, "_call_utility_async", None)):

@@ -195,6 +195,8 @@ def configure_data_parallel(config: Any) -> None:
     from .channel import SETTINGS_KEY
 
     parallel = config.parallel_config
+    if getattr(parallel, "_api_process_count", 1) > 1 and getattr(parallel, "_api_process_rank", -1) >= 0:
+        return  # an API server the first process spawned after it settled this and started the EngineCores
     size = int(parallel.data_parallel_size)
     settings = config.additional_config[SETTINGS_KEY]
     if size <= 1:
