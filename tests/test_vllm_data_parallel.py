@@ -5,9 +5,10 @@ vLLM runs one EngineCore process per data-parallel rank (and, by default, one AP
 load-balancing client); DeltaServe runs one rank of the job in each EngineCore, with vLLM's rank, the world size
 and the store's address taken from the engine (the job file has no ``world_size`` or ``rendezvous``). The module
 calibrates the tiny model, starts one such server with the jobs routes on, and checks: clients get greedy outputs
-equal to plain vLLM's, whichever engine serves them; both ranks train and the jobs API shows each rank's progress
-and the total; the epoch's samples are trained once each over the ranks; the ranks' adapters are bit-identical at
-every checkpointed global step, and so is the version published for that step.
+equal to plain vLLM's while the job trains, whichever engine serves them; a published version is served by name
+from both engines; both ranks train and the jobs API shows each rank's progress and the total; every epoch's
+samples are trained once each over the ranks; the ranks' adapters are bit-identical at every checkpointed global
+step, and so is the version published for that step (both ranks publish into one folder).
 
 The fast tests at the top check, without a server, how the job's ``data_parallel`` section is settled against the
 engine and refused when it disagrees, and how the ranks' jobs-API answers are merged.
@@ -49,7 +50,7 @@ pytestmark = [pytest.mark.data_parallel,
 ADAPTER = "dpjob"
 JOB_ID = f"ftjob-{ADAPTER}"
 SAMPLES = 24  # write_job's records
-EPOCHS = 3  # long enough for the first client requests to run beside fine-tuning rows
+EPOCHS = 30  # long enough for the first client requests to run beside fine-tuning rows (3 took ~3 s here)
 
 
 # ---------------------------------------------------------------------------------------------- no server
@@ -90,7 +91,8 @@ def _vllm_config(job_path: Path, size: int, *, local: int | None = None, moe: bo
                            additional_config={"deltaserve": {"job": str(job_path)}})
 
 
-def test_the_plugin_settles_data_parallelism_before_any_engine_starts(tmp_path: Path) -> None:
+def test_the_plugin_settles_data_parallelism_before_any_engine_starts(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from deltaserve_vllm.plugin import DATA_PARALLEL_KEY, configure_data_parallel
 
     job = write_job(tmp_path, adapter="dpunit", epochs=1, checkpoint="{dir: ckpt, every_steps: 2}",
@@ -107,6 +109,16 @@ def test_the_plugin_settles_data_parallelism_before_any_engine_starts(tmp_path: 
     assert DATA_PARALLEL_KEY not in spawned.additional_config["deltaserve"]
     configure_data_parallel(single := _vllm_config(job, 1))
     assert DATA_PARALLEL_KEY not in single.additional_config["deltaserve"]
+    (tmp_path / "separate").mkdir()
+    separate = write_job(tmp_path / "separate", adapter="dpunit", epochs=1, checkpoint="{dir: ckpt, every_steps: 2}",
+                         publish="{policy: never}")
+    with open(separate, "a") as f:  # one of several `vllm serve` processes: each needs its DELTASERVE_DP_RANK
+        f.write("data_parallel: {world_size: 2, rendezvous: '127.0.0.1:2'}\n")
+    monkeypatch.delenv("DELTASERVE_DP_RANK", raising=False)
+    with pytest.raises(JobConfigError, match="set DELTASERVE_DP_RANK to 0..1"):
+        configure_data_parallel(_vllm_config(separate, 1))
+    monkeypatch.setenv("DELTASERVE_DP_RANK", "1")
+    configure_data_parallel(_vllm_config(separate, 1))
     with pytest.raises(JobConfigError, match=r"data_parallel\.rendezvous: required"):
         configure_data_parallel(_vllm_config(job, 4, local=2))  # this server starts only some of the engines
     with pytest.raises(ValueError, match="dense models only"):
@@ -196,6 +208,7 @@ def test_greedy_outputs_equal_plain_vllm_on_every_engine(
         assert status == 200, body
         return body["usage"]["completion_tokens"]
 
+    assert _get_job(server)["status"] == "running", "the job ended before the requests came: raise EPOCHS"
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
         for _ in range(3):
             assert list(pool.map(ask, PROMPTS)) == plain_outputs

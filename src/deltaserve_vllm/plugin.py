@@ -189,7 +189,7 @@ def configure_data_parallel(config: Any) -> None:
     The rendezvous, when the job file leaves it out, is a free port on vLLM's data-parallel master address, chosen
     here, in the one process that starts every EngineCore; where this server does not start them all (several
     nodes, external load balancing) the job file must name it."""
-    from deltaserve_core.data_parallel import for_engine
+    from deltaserve_core.data_parallel import for_engine, resolve_rank
     from deltaserve_core.job_config import load_job_config
 
     from .channel import SETTINGS_KEY
@@ -201,6 +201,9 @@ def configure_data_parallel(config: Any) -> None:
     settings = config.additional_config[SETTINGS_KEY]
     if size <= 1:
         settings.pop(DATA_PARALLEL_KEY, None)
+        job = load_job_config(settings["job"])
+        if job.data_parallel.enabled:
+            resolve_rank(job.data_parallel)  # one server of several: its rank and the rendezvous, refused here
         return
     if config.model_config.is_moe:
         # vLLM steps a mixture-of-experts model's DP engines in lockstep (dummy batches, collectives); DeltaServe's

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
-from deltaserve_core.data_parallel import for_engine
+from deltaserve_core.data_parallel import for_engine, resolve_rank
 from deltaserve_core.hostkit import published_name
 from deltaserve_core.job_config import JobConfig, load_job_config
 from deltaserve_core.runtime import EngineRuntime, route_logs
@@ -196,15 +196,18 @@ _RUNTIME: dict[str, ServeRuntime] = {}
 
 
 def _job_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[JobConfig, int | None]:
-    """The job and this EngineCore's data-parallel rank (None without ``--data-parallel-size``): the API server
-    settled size and rendezvous (:func:`~deltaserve_vllm.plugin.configure_data_parallel`), the rank is vLLM's own
-    (``data_parallel_index``: a dense model's EngineCores are reset to rank 0 of size 1, the index stays)."""
+    """The job and this EngineCore's data-parallel rank (None for a job of one replica). Under
+    ``--data-parallel-size`` the API server settled size and rendezvous
+    (:func:`~deltaserve_vllm.plugin.configure_data_parallel`) and the rank is vLLM's own (``data_parallel_index``:
+    a dense model's EngineCores are reset to rank 0 of size 1, the index stays); else it is ``DELTASERVE_DP_RANK``'s
+    when the job file is data-parallel."""
     from .plugin import DATA_PARALLEL_KEY
 
     job = load_job_config(settings["job"])
     dp = settings.get(DATA_PARALLEL_KEY)
     if not dp:
-        return job, None
+        # separate servers of one job (DELTASERVE_DP_RANK) may share checkpoint.dir as much as one server's ranks
+        return job, resolve_rank(job.data_parallel) if job.data_parallel.enabled else None
     job = for_engine(job, int(dp["world_size"]), rendezvous=dp["rendezvous"], flag="--data-parallel-size")
     return job, int(vllm_config.parallel_config.data_parallel_index)
 
