@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.data_parallel,
 ADAPTER = "dpjob"
 JOB_ID = f"ftjob-{ADAPTER}"
 SAMPLES = 24  # write_job's records
-EPOCHS = 30  # long enough for the first client requests to run beside fine-tuning rows (3 took ~3 s here)
+EPOCHS = 40  # long enough for the first client requests to run beside fine-tuning rows (3 took ~3 s here)
 
 
 # ---------------------------------------------------------------------------------------------- no server
