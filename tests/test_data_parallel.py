@@ -138,7 +138,11 @@ def test_rank_pool_walks_its_own_samples_shortest_first(store_server) -> None:  
 def test_bad_data_parallel_config_is_refused_naming_the_key(tmp_path) -> None:  # noqa: ANN001
     base = {"dataset": "d.json", "checkpoint": {"dir": str(tmp_path), "every_steps": 10}}
     with pytest.raises(JobConfigError, match=r"data_parallel\.rendezvous.*host:port"):
-        job_config_from_mapping({**base, "data_parallel": {"world_size": 2}})
+        job_config_from_mapping({**base, "data_parallel": {"world_size": 2, "rendezvous": "node0"}})
+    # left out, it is refused when a replica that must be told starts (an engine running the replicas derives it)
+    unnamed = job_config_from_mapping({**base, "data_parallel": {"world_size": 2}})
+    with pytest.raises(JobConfigError, match=r"data_parallel\.rendezvous: required.*separate servers"):
+        resolve_rank(unnamed.data_parallel, env={"DELTASERVE_DP_RANK": "1"})
     with pytest.raises(JobConfigError, match=r"data_parallel\.keep_steps.*checkpoint\.every_steps"):
         job_config_from_mapping({**base, "data_parallel": {"world_size": 2, "rendezvous": "h:1", "keep_steps": 10}})
     with pytest.raises(JobConfigError, match=r"data_parallel\.world_siz.*did you mean"):

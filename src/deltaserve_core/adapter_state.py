@@ -110,12 +110,17 @@ class LoraAdapterState:
                 return self.tensors[key], self.tensors[key[: -len("A.weight")] + "B.weight"]
         return None
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
-        """Write a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) atomically."""
+    def save_pretrained(self, directory: str | os.PathLike[str], *, if_absent: bool = False) -> Path:
+        """Write a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``) atomically.
+
+        ``if_absent``: a complete folder already there is kept as it is, never replaced, so a reader never finds
+        it missing (data-parallel ranks on one filesystem publish the same version, bit-identical)."""
         import shutil
+        import uuid
 
         out = Path(directory)
-        tmp = out.with_name(out.name + ".tmp")
+        # a name of this writer's own: two processes may write the same folder at once
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         tmp.mkdir(parents=True, exist_ok=True)
         try:
             write_safetensors(tmp / "adapter_model.safetensors", self.tensors)
@@ -126,8 +131,16 @@ class LoraAdapterState:
             # a full disk fails the write mid-file: leave no half-written folder behind (nor its space used)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if if_absent:
+            try:
+                os.rename(tmp, out)  # refused while out is a folder with files in it
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if not (out / "adapter_config.json").is_file():
+                    raise
+            return out
         if out.exists():
-            old = out.with_name(out.name + ".old")
+            old = out.with_name(f"{tmp.name}.old")
             os.replace(out, old)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)

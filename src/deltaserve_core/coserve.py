@@ -467,6 +467,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         self._absorb_backward()
         self._maybe_retry_save()
         self._advance_cancel()
+        if self.dp is not None and self._started and self._share_trained():
+            self._dp_mark_done()
 
     # ------------------------------------------------------------------------------------------ progress
 
@@ -477,6 +479,13 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         # idle step it runs in
         if self.stats.paused_reason is not None or self.stats.training_paused is not None:
             return not self._host_work  # nothing more will be trained: let idle hosts stop stepping
+        # a rank whose share is trained still applies (and publishes) the global steps of the others' shares
+        return self._share_trained() and (self.dp is None or self._dp_all_done())
+
+    def _share_trained(self) -> bool:
+        """Every sample of this controller's pool (a rank's share, under data parallelism) is trained and applied,
+        and the host has the result."""
+        bw = self.backward
         return (self.pool.finished and bw is not None and not bw.busy and not bw.accumulating
                 and not self._pending_ids and not self._step_ids and self._recovering is None and not self._host_work)
 

@@ -40,17 +40,17 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from .finetune_data.pool import FinetunePool, _sample_ids
-from .job_config import DataParallelSpec, JobConfigError
+from .job_config import DataParallelSpec, JobConfig, JobConfigError
 from .types import FineTuneSample
 
 __all__ = ["ENV_RANK", "Contribution", "DataParallelRank", "ExchangeResult", "GradientExchange", "RankPool",
-           "connect_store", "parse_rendezvous", "resolve_rank"]
+           "connect_store", "for_engine", "parse_rendezvous", "resolve_rank"]
 
 log = logging.getLogger("deltaserve.data_parallel")
 
@@ -88,7 +88,40 @@ def resolve_rank(spec: DataParallelSpec, env: Mapping[str, str] | None = None, e
     if not 0 <= rank < spec.world_size:
         raise JobConfigError(f"{ENV_RANK}={rank} is outside 0..{spec.world_size - 1} "
                              f"(data_parallel.world_size: {spec.world_size}); give each replica its own rank")
+    if not spec.rendezvous:
+        raise JobConfigError(f"job config: data_parallel.rendezvous: required with world_size {spec.world_size} when "
+                             "the replicas are separate servers: set it to host:port of rank 0's host, e.g. "
+                             "10.0.0.1:29555 (an engine that runs the replicas itself, `vllm serve "
+                             "--data-parallel-size N` on one node, derives it)")
     return rank
+
+
+def for_engine(job: JobConfig, engine_size: int, *, rendezvous: str | None, flag: str) -> JobConfig:
+    """``job`` for an engine that runs ``engine_size`` data-parallel replicas itself (one CoServer in each), which
+    then pass their engine ranks as ``engine_rank``: one job spans them, never ``engine_size`` independent copies.
+
+    ``data_parallel.world_size`` left at 1 is taken from the engine, a different value is refused; a missing
+    ``data_parallel.rendezvous`` becomes ``rendezvous`` (the engine's own choice; None where the engine cannot
+    make one, e.g. replicas on several nodes, and the file must name it). ``flag``: how the operator sets the
+    engine's size, for the messages. Refused with the key, the value and the fix, before anything starts."""
+    spec = job.data_parallel
+    if engine_size <= 1:
+        return job  # separate servers, or none: the file and DELTASERVE_DP_RANK say
+    if spec.world_size not in (1, engine_size):
+        raise JobConfigError(f"job config: data_parallel.world_size is {spec.world_size}, but the engine runs "
+                             f"{engine_size} data-parallel replicas ({flag} {engine_size}) and the job spans them: "
+                             f"set data_parallel.world_size to {engine_size} or leave it out (it is then taken "
+                             f"from {flag}), or start the engine with {flag} {spec.world_size}")
+    address = spec.rendezvous or rendezvous
+    if not address:
+        raise JobConfigError(f"job config: data_parallel.rendezvous: required with {flag} {engine_size} here: the "
+                             "engine's replicas do not all run under this server, so it cannot choose one; set it "
+                             "to host:port reachable from every replica on the first replica's host, e.g. "
+                             "10.0.0.1:29555")
+    try:
+        return replace(job, data_parallel=replace(spec, world_size=engine_size, rendezvous=address))
+    except JobConfigError as exc:  # e.g. periodic checkpoints off, which data parallelism needs
+        raise JobConfigError(f"{exc} (data parallelism from {flag} {engine_size})") from None
 
 
 @dataclass(frozen=True)
@@ -558,6 +591,10 @@ class DataParallelMixin:
         self._dp_last: dict[str, Any] | None = None
         self._dp_rank_tokens: dict[int, int] = {}
         self._dp_rank_samples: dict[int, int] = {}
+        self._dp_steps_with_own = 0  # landed global steps that trained samples of this rank
+        self._dp_done_mark: int | None = None  # the adapter step this rank's "share trained" mark says
+        self._dp_done_checked = 0.0
+        self._dp_all_done_seen = False
         self.dp_stale_parts = 0
         if job.data_parallel.enabled:
             rank = resolve_rank(job.data_parallel, engine_rank=engine_rank)
@@ -603,6 +640,8 @@ class DataParallelMixin:
     def _dp_step_landed(self, rep: Any) -> None:
         info = rep.extra.get("dp") or {}
         self._dp_last = info
+        if rep.sample_ids:
+            self._dp_steps_with_own += 1
         for r, m in (info.get("per_rank") or {}).items():
             self._dp_rank_tokens[int(r)] = self._dp_rank_tokens.get(int(r), 0) + int(m["tokens"])
             self._dp_rank_samples[int(r)] = self._dp_rank_samples.get(int(r), 0) + int(m["samples"])
@@ -616,7 +655,6 @@ class DataParallelMixin:
         lands, which bounds a global step to ``world_size`` such shares (the counter closes it at the first
         ``backward_batch_tokens`` accumulated across ranks; ranks still forwarding at that moment add theirs)."""
         return self._step_tokens >= self.job.backward_batch_tokens  # type: ignore[attr-defined]
-        self._dp_close_requested = None
 
     def _dp_maybe_close(self) -> None:
         """This rank can admit nothing more until a global step lands (its share of the data is out, or all of it is
@@ -626,6 +664,35 @@ class DataParallelMixin:
         if self._dp_close_requested != step and self._step_ids:  # type: ignore[attr-defined]
             self._dp_close_requested = step
             bw.apply()
+
+    def _dp_mark_done(self) -> None:
+        """This rank's share is trained and applied: say so in the store (``done/<rank>``), with the adapter step it
+        is at, again whenever a later global step (of the others' shares) lands here."""
+        assert self.dp is not None and self._dp_store is not None
+        step = self.stats.adapter_step  # type: ignore[attr-defined]
+        if self._dp_done_mark != step:
+            self._dp_store.set(f"done/{self.dp.rank}", str(step))
+            self._dp_done_mark = step
+
+    def _dp_all_done(self) -> bool:
+        """Called once this rank's own share is trained and applied: whether every rank's is, and this rank has
+        applied the last global step. The last global step is the highest ``done`` mark, since the rank whose
+        samples it trained marks only after applying it. Checked at most every 0.2 s: idle engines ask between
+        their steps."""
+        if self._dp_all_done_seen:
+            return True
+        assert self.dp is not None and self._dp_store is not None
+        self._dp_mark_done()
+        step = self.stats.adapter_step  # type: ignore[attr-defined]
+        now = time.monotonic()
+        if now - self._dp_done_checked < 0.2:
+            return False
+        self._dp_done_checked = now
+        keys = [f"done/{r}" for r in range(self.dp.world_size)]
+        if not self._dp_store.check(keys):
+            return False
+        self._dp_all_done_seen = step >= max(int(self._dp_store.get(k)) for k in keys)
+        return self._dp_all_done_seen
 
     def _dp_recovered(self, step: int) -> None:
         """After this rank's backward restarted and replayed the decided steps: samples of its own that the replay
@@ -657,4 +724,5 @@ class DataParallelMixin:
                 "trained_tokens_by_rank": {str(r): t for r, t in sorted(self._dp_rank_tokens.items())},
                 "trained_samples_by_rank": {str(r): n for r, n in sorted(self._dp_rank_samples.items())},
                 "trained_tokens_all_ranks": total_tokens,
+                "global_steps_with_own_samples": self._dp_steps_with_own,
                 "this_rank": self.pool.progress()}  # type: ignore[attr-defined]

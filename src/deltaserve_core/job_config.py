@@ -23,8 +23,9 @@ checked next, still before anything starts, by :mod:`.preflight`. Reading a job 
     publish: {policy: on_checkpoint, every_steps: 0}   # never | every_n_steps | on_checkpoint
     seed: 0
     data_parallel:                         # optional: one job over N engine replicas (docs/scaling.md)
-      world_size: 2                        # the rank comes from DELTASERVE_DP_RANK, not from this file
-      rendezvous: 10.0.0.1:29555           # host:port of the job's TCPStore; rank 0 hosts it
+      world_size: 2                        # the rank comes from the engine or DELTASERVE_DP_RANK, not this file
+      rendezvous: 10.0.0.1:29555           # host:port of the job's TCPStore; rank 0 hosts it (vllm serve
+                                           # --data-parallel-size N on one node: both derived when left out)
       step_timeout_s: 60                   # a closed global step waits this long for a member's gradients
       claim_samples: 16                    # samples a rank takes from the global order at once
       keep_steps: 64                       # global steps kept in the store for a restarted rank to catch up
@@ -86,8 +87,9 @@ class PublishSpec:
 class DataParallelSpec:
     """One job over ``world_size`` engine replicas (:mod:`deltaserve_core.data_parallel`); 1 = off.
 
-    The rank is not part of the job file (every replica reads the same file): it comes from the environment
-    (``DELTASERVE_DP_RANK``), see :func:`deltaserve_core.data_parallel.resolve_rank`."""
+    The rank is not part of the job file (every replica reads the same file): it comes from the engine or the
+    environment (``DELTASERVE_DP_RANK``), see :func:`deltaserve_core.data_parallel.resolve_rank`; an engine that runs
+    the replicas itself fills in ``world_size`` and ``rendezvous`` (:func:`deltaserve_core.data_parallel.for_engine`)."""
 
     world_size: int = 1
     rendezvous: str = ""
@@ -172,7 +174,9 @@ class JobConfig:
         dp = self.data_parallel
         need(whole(dp.world_size) and dp.world_size >= 1, "data_parallel.world_size",
              f"must be an integer >= 1 (1: one replica), got {dp.world_size!r}")
-        need(dp.world_size == 1 or _RENDEZVOUS.fullmatch(dp.rendezvous or "") is not None, "data_parallel.rendezvous",
+        # may be left out: an engine that runs the replicas itself supplies it (data_parallel.for_engine); separate
+        # servers without it are refused when a replica starts (data_parallel.resolve_rank)
+        need(not dp.rendezvous or _RENDEZVOUS.fullmatch(dp.rendezvous) is not None, "data_parallel.rendezvous",
              f"must be host:port of the job's store (rank 0 hosts it), e.g. 10.0.0.1:29555, got {dp.rendezvous!r}")
         need(finite(dp.step_timeout_s) and dp.step_timeout_s > 0, "data_parallel.step_timeout_s",
              f"must be a positive number of seconds, got {dp.step_timeout_s!r}")

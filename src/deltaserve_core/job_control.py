@@ -12,12 +12,15 @@ settings, published versions, SLO attainment) is under the job's ``deltaserve`` 
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
-__all__ = ["EVENT_LOG_SIZE", "JOB_STATUSES", "ControlledJob", "EventLog", "JobCallError", "job_call", "job_id"]
+__all__ = ["EVENT_LOG_SIZE", "JOB_STATUSES", "ControlledJob", "EventLog", "JobCallError", "job_call", "job_id",
+           "merge_rank_answers"]
 
 #: events kept per job; older ones are dropped (the server's log keeps everything)
 EVENT_LOG_SIZE = 1000
@@ -162,3 +165,80 @@ def _page(items: list[dict[str, Any]], after: str | None, limit: int) -> tuple[l
                                param="after")
         newest = newest[ids.index(after) + 1:]
     return newest[:limit], len(newest) > limit
+
+
+# ---------------------------------------------------------------------------------------------- data-parallel ranks
+
+
+def merge_rank_answers(op: str, answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One answer to a call that every data-parallel rank of the job answered (one :func:`job_call` answer per
+    rank, each from the process that owns that rank's CoServer).
+
+    A job (``get``, each job of ``list``) is rank 0's, with the job's totals where the ranks' shares add up
+    (``trained_tokens``, samples completed, the fraction done) and ``deltaserve.data_parallel`` holding every
+    rank's progress and the total. A control call went to every rank: its answer is the first error, else rank
+    0's. Events and checkpoints are rank 0's (every rank applies the same global steps and checkpoints at the same
+    ones, in its own folder)."""
+    if not answers:
+        raise ValueError("no rank answered")
+    if len(answers) == 1:
+        return answers[0]
+    failed = next((a for a in answers if "error" in a), None)
+    if failed is not None:
+        return failed
+    if op == "get":
+        return {"result": _merge_jobs([a["result"] for a in answers])}
+    if op == "list":
+        by_id: dict[str, list[dict[str, Any]]] = {}
+        for a in answers:
+            for job in a["result"]:
+                by_id.setdefault(job["id"], []).append(job)
+        return {"result": [_merge_jobs(by_id[job["id"]]) for job in answers[0]["result"]]}
+    return answers[0]
+
+
+def _merged_status(statuses: Sequence[str]) -> str:
+    """The job's status from its ranks': failed if one failed, what they all say when they agree, else running
+    while one still runs (a rank that finished its share waits for the others)."""
+    if "failed" in statuses:
+        return "failed"
+    if len(set(statuses)) == 1:
+        return statuses[0]
+    return "running" if "running" in statuses else statuses[0]
+
+
+def _merge_jobs(jobs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ranks = []
+    for job in jobs:
+        ds = job["deltaserve"]
+        dp = ds.get("data_parallel") or {}
+        ranks.append({"rank": dp.get("rank"), "status": job["status"], "trained_tokens": int(job["trained_tokens"]),
+                      "samples_completed": int(ds["progress"]["samples_completed"]), "step": ds["step"],
+                      "optimizer_steps_this_run": ds["optimizer_steps_this_run"], "loss": ds["loss"],
+                      "global_steps_with_own_samples": dp.get("global_steps_with_own_samples"),
+                      "stale_parts": dp.get("stale_parts"), "backward_busy": ds["backward_busy"],
+                      "slo_requests": (ds.get("slo_attainment") or {}).get("requests")})
+    if len(jobs) > 1 and any(r["rank"] is None for r in ranks):
+        # several engines answered for a job that is not data-parallel: they train independent copies
+        raise ValueError(f"job {jobs[0]['id']} answered from {len(jobs)} engines without a data-parallel rank")
+    order = sorted(range(len(jobs)), key=lambda i: ranks[i]["rank"] if ranks[i]["rank"] is not None else -1)
+    ranks = [ranks[i] for i in order]
+    merged = copy.deepcopy(jobs[order[0]])  # rank 0's (the only one without data parallelism)
+    ds = merged["deltaserve"]
+    tokens = sum(r["trained_tokens"] for r in ranks)
+    samples = sum(r["samples_completed"] for r in ranks)
+    merged["status"] = _merged_status([r["status"] for r in ranks])
+    merged["trained_tokens"] = tokens
+    progress = ds["progress"]
+    progress["samples_completed"] = samples
+    progress["fraction"] = samples / progress["samples_total"] if progress["samples_total"] else 0.0
+    progress["epoch"] = min(j["deltaserve"]["progress"]["epoch"] for j in jobs)
+    steps = [r["step"] for r in ranks]
+    ds["data_parallel"] = {
+        "world_size": (ds.get("data_parallel") or {}).get("world_size", len(jobs)), "answered": len(ranks),
+        "last_global_step": (ds.get("data_parallel") or {}).get("last_global_step"),
+        "ranks": ranks,
+        "total": {"trained_tokens": tokens, "samples_completed": samples, "step": max(steps),
+                  "steps_agree": len(set(steps)) == 1},
+    }
+    return merged

@@ -16,12 +16,15 @@ Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve``
 
 They are under ``/v1``, so vLLM's ``--api-key`` (or ``VLLM_API_KEY``) middleware guards them like the completions.
 The job lives in the EngineCore process; each call is one ``collective_rpc`` of the worker's
-``deltaserve_job_call`` (:mod:`.worker`), which runs between two engine steps. Routes and JSON shapes are the
+``deltaserve_job_call`` (:mod:`.worker`), which runs between two engine steps. Under ``--data-parallel-size N``
+every EngineCore runs one rank of the job: a call goes to each of them and their answers are merged
+(:func:`deltaserve_core.job_control.merge_rank_answers`: per-rank and total progress). Routes and JSON shapes are the
 core's (:mod:`deltaserve_core.jobs_routes`), shared with the SGLang adapter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -30,6 +33,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from deltaserve_core.job_control import merge_rank_answers
 from deltaserve_core.jobs_routes import build_jobs_router, error_answer
 
 __all__ = ["JOBS_PLUGIN_NAME", "JobsApiPlugin"]
@@ -54,6 +58,17 @@ def _deltaserve_enabled(args: Namespace | None) -> bool:
         except json.JSONDecodeError:
             return False
     return isinstance(extra, dict) and "deltaserve" in extra
+
+
+def _engines(engine_client: Any) -> tuple[Any, list[Any]] | None:
+    """The engine-core client and its engines' identities when this server's client talks to several engines
+    (``--data-parallel-size`` > 1), else None. ``core_engines`` and ``_call_utility_async`` are the client's own
+    members in 0.32 and (read, not run) 0.26."""
+    core = getattr(engine_client, "engine_core", None)
+    identities = list(getattr(core, "core_engines", None) or ())
+    if len(identities) < 2 or not callable(getattr(core, "_call_utility_async", None)):
+        return None
+    return core, identities
 
 
 class JobsApiPlugin:
@@ -83,8 +98,17 @@ class JobsApiPlugin:
             return error_answer(404, "no DeltaServe fine-tuning job runs on this server: start vLLM with "
                                 "--additional-config '{\"deltaserve\": {\"job\": \"job.yaml\"}}'",
                                 code="deltaserve_not_enabled")
-        answers = await self._engine.collective_rpc("deltaserve_job_call", timeout=_RPC_TIMEOUT_S, args=(op, args))
-        return answers[0] if isinstance(answers, list) else answers
+        engines = _engines(self._engine)
+        if engines is None:
+            answers = await self._engine.collective_rpc("deltaserve_job_call", timeout=_RPC_TIMEOUT_S, args=(op, args))
+            return answers[0] if isinstance(answers, list) else answers
+        # vLLM's own collective_rpc answers with the first engine's result only (it sends to every engine under
+        # data parallelism): ask each engine, so the job's answer covers every rank
+        core, identities = engines
+        per_engine = await asyncio.gather(*[
+            core._call_utility_async("collective_rpc", "deltaserve_job_call", _RPC_TIMEOUT_S, (op, args), None,
+                                     engine=identity) for identity in identities])
+        return merge_rank_answers(op, [a[0] if isinstance(a, list) else a for a in per_engine])
 
     def attach_router(self, app: FastAPI) -> None:
         app.include_router(build_jobs_router(self._call, create_refusal=CREATE_REFUSAL))

@@ -42,7 +42,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_SHUTDOWN_GRACE_S", "configure_engine_args", "register"]
+__all__ = ["DATA_PARALLEL_KEY", "DEFAULT_SHUTDOWN_GRACE_S", "configure_data_parallel", "configure_engine_args",
+           "register"]
 
 log = logging.getLogger("deltaserve.vllm")
 
@@ -54,6 +55,9 @@ _MARK = "__deltaserve_wrapped__"
 #: the least ``shutdown_timeout`` under DeltaServe: vLLM's API server force-kills the EngineCore this long after
 #: it asks it to stop (at once with vLLM's default 0), and the final checkpoint is written in that window.
 DEFAULT_SHUTDOWN_GRACE_S = 30
+#: key next to ``job`` in ``--additional-config "deltaserve"`` that carries the engine's data parallelism (size and
+#: the job's rendezvous) to every EngineCore: vLLM resets a dense model's EngineCores to data_parallel_size 1
+DATA_PARALLEL_KEY = "data_parallel"
 
 
 def register() -> None:
@@ -71,6 +75,7 @@ def register() -> None:
         config = original(self, *args, **kwargs)
         if enabled:
             _match_scheduler_to_loop(config)
+            configure_data_parallel(config)
         return config
 
     setattr(create_engine_config, _MARK, True)
@@ -174,3 +179,47 @@ def _match_scheduler_to_loop(config: Any) -> None:
     """Pair the scheduler class with the engine loop vLLM settled on (as vLLM pairs its own two schedulers)."""
     scheduler = config.scheduler_config
     scheduler.scheduler_cls = _ASYNC_SCHEDULER if scheduler.async_scheduling else _SCHEDULER
+
+
+def configure_data_parallel(config: Any) -> None:
+    """Under ``--data-parallel-size N`` > 1 every EngineCore runs one rank of the job: settle the job's
+    ``data_parallel`` section against the engine (:func:`deltaserve_core.data_parallel.for_engine`: a different
+    ``world_size`` is refused here, before any EngineCore starts) and hand size and rendezvous to the EngineCores.
+
+    The rendezvous, when the job file leaves it out, is a free port on vLLM's data-parallel master address, chosen
+    here, in the one process that starts every EngineCore; where this server does not start them all (several
+    nodes, external load balancing) the job file must name it."""
+    from deltaserve_core.data_parallel import for_engine, resolve_rank
+    from deltaserve_core.job_config import load_job_config
+
+    from .channel import SETTINGS_KEY
+
+    parallel = config.parallel_config
+    if getattr(parallel, "_api_process_count", 1) > 1 and getattr(parallel, "_api_process_rank", -1) >= 0:
+        return  # an API server the first process spawned after it settled this and started the EngineCores
+    size = int(parallel.data_parallel_size)
+    settings = config.additional_config[SETTINGS_KEY]
+    if size <= 1:
+        settings.pop(DATA_PARALLEL_KEY, None)
+        job = load_job_config(settings["job"])
+        if job.data_parallel.enabled:
+            resolve_rank(job.data_parallel)  # one server of several: its rank and the rendezvous, refused here
+        return
+    if config.model_config.is_moe:
+        # vLLM steps a mixture-of-experts model's DP engines in lockstep (dummy batches, collectives); DeltaServe's
+        # fine-tuning-only steps on one rank were never run under that and could hold the others' collectives
+        raise ValueError("DeltaServe with --data-parallel-size > 1 runs dense models only: vLLM steps a "
+                         "mixture-of-experts model's data-parallel engines in lockstep, which fine-tuning steps on "
+                         "one engine would break; run one `vllm serve` per replica (DELTASERVE_DP_RANK, "
+                         "docs/scaling.md) or --data-parallel-size 1")
+    local = int(parallel.data_parallel_size_local or size)
+    rendezvous = None
+    if local == size and not getattr(parallel, "local_engines_only", False):
+        from vllm.utils.network_utils import get_open_port
+
+        host = parallel.data_parallel_master_ip or "127.0.0.1"
+        rendezvous = f"[{host}]:{get_open_port()}" if ":" in host else f"{host}:{get_open_port()}"
+    job = for_engine(load_job_config(settings["job"]), size, rendezvous=rendezvous, flag="--data-parallel-size")
+    settings[DATA_PARALLEL_KEY] = {"world_size": size, "rendezvous": job.data_parallel.rendezvous}
+    log.info("DeltaServe: one fine-tuning job over the %d data-parallel engines (ranks 0..%d), their store at %s",
+             size, size - 1, job.data_parallel.rendezvous)

@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
+from deltaserve_core.data_parallel import for_engine, resolve_rank
 from deltaserve_core.hostkit import published_name
+from deltaserve_core.job_config import JobConfig, load_job_config
 from deltaserve_core.runtime import EngineRuntime, route_logs
 from deltaserve_core.types import ProfileShape, StepRecord
 
@@ -88,8 +90,12 @@ class EngineHost(ChannelHooks):
 
     name = "vllm"
 
-    def __init__(self, channel: Channel, vllm_config: Any, publish_root: Path, work_dir: Path) -> None:
+    def __init__(self, channel: Channel, vllm_config: Any, publish_root: Path, work_dir: Path, *,
+                 shared_publish: bool = False) -> None:
+        """``shared_publish``: other engines (data-parallel ranks of the job) publish the same versions into
+        ``publish_root``."""
         dist, version = check_supported_vllm()
+        self._shared_publish = shared_publish
         from vllm.platforms import current_platform
 
         model_config = vllm_config.model_config
@@ -108,7 +114,8 @@ class EngineHost(ChannelHooks):
         # caches it, and vLLM's prefix cache keys on the adapter, so a version is never overwritten in place.
         self._check_rank(state)
         name = published_name(state.name, state.version)
-        state.save_pretrained(self._publish_root / name)
+        # the ranks publish identical weights: the first folder written stays, so none is ever swapped under a reader
+        state.save_pretrained(self._publish_root / name, if_absent=self._shared_publish)
         log.info("published adapter %s: request it as model %r", name, name)
         return name
 
@@ -125,8 +132,14 @@ class ServeRuntime(EngineRuntime):
         route_logs_to_vllm()
         settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
         shutdown_timeout = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
-        super().__init__(settings["job"], engine="vllm", where="the vLLM engine", grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
+        job, self.dp_rank = _job_for_this_engine(settings, vllm_config)
+        super().__init__(job, engine="vllm", where="the vLLM engine" if self.dp_rank is None
+                         else f"the vLLM engine of data-parallel rank {self.dp_rank}",
+                         grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
                          log_every_s=float(settings.get("log_every_s", 10.0)))
+        if self.dp_rank is not None:
+            # the ranks' engines share checkpoint.dir: each needs its own scratch (its reserved adapter's folder)
+            self.work_dir = self.work_dir.with_name(f"{self.work_dir.name}-rank-{self.dp_rank}")
         self.channel = channel
         executor = channel.executor
         if executor is None:
@@ -138,7 +151,8 @@ class ServeRuntime(EngineRuntime):
             raise RuntimeError("the DeltaServe worker extension did not attach in the EngineCore process")
         sizes = executor.collective_rpc("deltaserve_graph_sizes")[0]
         channel.graph_sizes = GraphSizes.from_worker(sizes)
-        self.engine_host = EngineHost(channel, vllm_config, self.publish_root, self.work_dir)
+        self.engine_host = EngineHost(channel, vllm_config, self.publish_root, self.work_dir,
+                                      shared_publish=self.dp_rank is not None)
         self._metrics_file: str | None = settings.get("metrics_file")
         self._fruitless_idle = False
 
@@ -147,7 +161,7 @@ class ServeRuntime(EngineRuntime):
         # calibration steps the engine itself, which only vLLM's busy loop does here
         super().start(host, calibrate_command=f"deltaserve calibrate --host vllm --model {host._model_path} "
                                               f"--dtype {host._dtype}",
-                      metrics_snapshot=self._metrics_file)
+                      metrics_snapshot=self._metrics_file, dp_rank=self.dp_rank)
         self.channel.idle_source = self.wants_idle_step
         self.on_stop(lambda: shutil.rmtree(self.work_dir, ignore_errors=True))
         atexit.register(self.stop)
@@ -179,6 +193,23 @@ class ServeRuntime(EngineRuntime):
 
 
 _RUNTIME: dict[str, ServeRuntime] = {}
+
+
+def _job_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[JobConfig, int | None]:
+    """The job and this EngineCore's data-parallel rank (None for a job of one replica). Under
+    ``--data-parallel-size`` the API server settled size and rendezvous
+    (:func:`~deltaserve_vllm.plugin.configure_data_parallel`) and the rank is vLLM's own (``data_parallel_index``:
+    a dense model's EngineCores are reset to rank 0 of size 1, the index stays); else it is ``DELTASERVE_DP_RANK``'s
+    when the job file is data-parallel."""
+    from .plugin import DATA_PARALLEL_KEY
+
+    job = load_job_config(settings["job"])
+    dp = settings.get(DATA_PARALLEL_KEY)
+    if not dp:
+        # separate servers of one job (DELTASERVE_DP_RANK) may share checkpoint.dir as much as one server's ranks
+        return job, resolve_rank(job.data_parallel) if job.data_parallel.enabled else None
+    job = for_engine(job, int(dp["world_size"]), rendezvous=dp["rendezvous"], flag="--data-parallel-size")
+    return job, int(vllm_config.parallel_config.data_parallel_index)
 
 
 def route_logs_to_vllm() -> None:
