@@ -249,7 +249,9 @@ class SglangHost:
             self._binding.interceptor.on_arrival(rid, now)
 
     def has_unfinished(self) -> bool:
-        return bool(self._live)
+        # A finished request stays unfinished until step() has returned its output: the output stream drops it from
+        # _live before the step's record reaches the core's step sink, which reads this answer.
+        return bool(self._live) or bool(self._finished)
 
     def step(self) -> list[ClientOutput]:
         self._step_once()

@@ -440,7 +440,9 @@ class SloraHost(SloraHooks):
         note_arrival(self.channel, rid, now, request.slo)
 
     def has_unfinished(self) -> bool:
-        return bool(self._collector.live)
+        # Unfinished until step() returned the output: the collector moves a request to ``finished`` as its last
+        # token streams out, before the step's record reaches the core's step sink, which reads this answer.
+        return bool(self._collector.live) or bool(self._collector.finished)
 
     def _step(self) -> None:
         try:
