@@ -102,6 +102,8 @@ class HfHost(InstallsHooks):
         self.inflight = InFlightRequests()
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
+        # Outputs of the step in progress, finished but not yet returned by step(): still unfinished for the core.
+        self._returning: list[ClientOutput] = []
         self._lock = threading.Lock()  # submit may run on another thread than step
         self._step_ids = itertools.count()
         eos = getattr(self.model.config, "eos_token_id", None)
@@ -180,10 +182,13 @@ class HfHost(InstallsHooks):
             self.hooks.interceptor.on_arrival(request.request_id, now)
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._returning)
 
     def step(self) -> list[ClientOutput]:
-        return self._step(idle=False)[1]
+        try:
+            return self._step(idle=False)[1]
+        finally:
+            self._returning = []
 
     def run_idle_step(self) -> bool:
         return False if self.has_unfinished() else self._step(idle=True)[0]
@@ -242,6 +247,7 @@ class HfHost(InstallsHooks):
                 self._running.remove(seq)
                 self.clock.forget(rid)
                 finished.append(out)
+        self._returning = finished  # the record below reaches the core before step() returns these
         self._deliver(record)
         return True, finished
 
