@@ -31,8 +31,9 @@ def test_options_reach_the_sglang_part() -> None:
     plan = _plan("test.sh", "-x", "-k", "publish and not slow")
     assert ["bash", "scripts/test_sglang.sh", "-x", "-k", "publish and not slow"] in plan
     main = _pytest_calls(plan)
-    assert len(main) == 1 and main[0][3:5] == ["tests", "conformance/meta_tests"]
-    assert main[0][-3:] == ["-x", "-k", "publish and not slow"]
+    # the engine tests serially, then the meta-tests on two workers
+    assert [cmd[3] for cmd in main] == ["tests", "conformance/meta_tests"] and main[1][4:6] == ["-n", "2"]
+    assert all(cmd[-3:] == ["-x", "-k", "publish and not slow"] for cmd in main)
     sglang = _pytest_calls(_plan("test_sglang.sh", "-x", "-k", "publish and not slow"))
     assert len(sglang) == len(list((REPO / "tests" / "sglang").glob("test_*.py"))) > 1  # one process per module
     assert all(cmd[0] == ".venv-sglang/bin/python" and cmd[-3:] == ["-x", "-k", "publish and not slow"]
