@@ -2366,7 +2366,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     PublishAliasesStateHost: "publish_adapter__serves_a_copy_of_the_state",
     ShutdownStepsPendingHost: "driver__shutdown_drops_pending_requests_without_stepping",
     GenerateAcceptsReservedHost: "intercept_schedule__reserved_adapter_refused_by_generate",
-    UnfinishedLagsAdmissionHost: "driver__has_unfinished_from_another_thread_during_a_step",
+    UnfinishedLagsAdmissionHost: ("driver__has_unfinished_from_another_thread_during_a_step",
+                                  "driver__has_unfinished_true_when_the_finishing_steps_record_arrives"),
     # every adapter (client, fine-tuning, published) goes through the one loader
     OneDigitLayerIndexHost: ("deep_model__capture_activation__matches_reference_forward",
                              "deep_model__set_finetune_adapter__later_rows_use_the_new_weights",
