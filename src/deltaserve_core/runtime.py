@@ -86,17 +86,23 @@ class EngineRuntime:
     to stop; :meth:`stop` spends at most half of what is left on the job's shutdown, so the save still fits."""
 
     def __init__(self, job: JobConfig | str | Path, *, engine: str, grace_s: float, log_every_s: float = 10.0,
-                 where: str | None = None) -> None:
-        """``engine``: the host's short name; ``where``: the process, as the start line names it."""
+                 where: str | None = None, dp_rank: int | None = None) -> None:
+        """``engine``: the host's short name; ``where``: the process, as the start line names it; ``dp_rank``: this
+        engine's rank in a data-parallel job (None for a job of one replica)."""
         self.job = job if isinstance(job, JobConfig) else load_job_config(job)
         self.engine = engine
+        self.dp_rank = dp_rank
         self.where = where or f"the {engine} engine"
+        if dp_rank is not None:
+            self.where += f" of data-parallel rank {dp_rank}"
         self.grace_s = float(grace_s)
         self.log_every_s = float(log_every_s)
         self.publish_root = publish_dir(self.job)
         self.publish_root.mkdir(parents=True, exist_ok=True)
-        #: scratch space of the engine's host (the reserved adapter's folder); removed at stop
-        self.work_dir = Path(self.job.checkpoint.dir) / f".serve-{engine}"
+        #: scratch space of the engine's host (the reserved adapter's folder); removed at stop. The ranks of a
+        #: data-parallel job share checkpoint.dir, so each rank has its own.
+        rank = "" if dp_rank is None else f"-rank-{dp_rank}"
+        self.work_dir = Path(self.job.checkpoint.dir) / f".serve-{engine}{rank}"
         self.host: HostHooks | None = None
         self.coserver: Any = None
         self.metrics: Any = None
@@ -130,7 +136,7 @@ class EngineRuntime:
         settings.setdefault("progress", True)
         self.coserver = CoServer(host, self.job, latency_model=latency,
                                  calibration=settings if latency is None else None,
-                                 log_every_s=self.log_every_s, **coserver_options)
+                                 log_every_s=self.log_every_s, dp_rank=self.dp_rank, **coserver_options)
         self.coserver.start()
         if metrics:
             from .metrics import start_exporter

@@ -132,14 +132,10 @@ class ServeRuntime(EngineRuntime):
         route_logs_to_vllm()
         settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
         shutdown_timeout = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
-        job, self.dp_rank = _job_for_this_engine(settings, vllm_config)
-        super().__init__(job, engine="vllm", where="the vLLM engine" if self.dp_rank is None
-                         else f"the vLLM engine of data-parallel rank {self.dp_rank}",
+        job, dp_rank = _job_for_this_engine(settings, vllm_config)
+        super().__init__(job, engine="vllm", where="the vLLM engine", dp_rank=dp_rank,
                          grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
                          log_every_s=float(settings.get("log_every_s", 10.0)))
-        if self.dp_rank is not None:
-            # the ranks' engines share checkpoint.dir: each needs its own scratch (its reserved adapter's folder)
-            self.work_dir = self.work_dir.with_name(f"{self.work_dir.name}-rank-{self.dp_rank}")
         self.channel = channel
         executor = channel.executor
         if executor is None:
@@ -161,7 +157,7 @@ class ServeRuntime(EngineRuntime):
         # calibration steps the engine itself, which only vLLM's busy loop does here
         super().start(host, calibrate_command=f"deltaserve calibrate --host vllm --model {host._model_path} "
                                               f"--dtype {host._dtype}",
-                      metrics_snapshot=self._metrics_file, dp_rank=self.dp_rank)
+                      metrics_snapshot=self._metrics_file)
         self.channel.idle_source = self.wants_idle_step
         self.on_stop(lambda: shutil.rmtree(self.work_dir, ignore_errors=True))
         atexit.register(self.stop)
