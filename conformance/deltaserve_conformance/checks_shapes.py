@@ -2,13 +2,16 @@
 
 The suite's own checkpoint (``MODEL_SHAPES["test"]``: 2 layers, 4 heads over 2 KV heads) keeps every check fast, but
 it cannot show a host whose bug needs what every deployed model has: a layer index of two digits (an adapter key
-parsed with a one-digit pattern loads ``layers.10`` into layer 1), another GQA group size, wider projections. A host of
+parsed with a one-digit pattern loads ``layers.10`` into layer 1), another GQA group size, wider projections, and the
+configuration options real checkpoints differ in (head size, biases, tied head, rope base, a vocabulary past 16 bits,
+generation defaults, a client adapter's own alpha; the list is at :data:`.harness.MODEL_SHAPES`). A host of
 the same kind is started on ``MODEL_SHAPES["deep"]`` in a child process (a second engine never runs in the suite's
 process), the checks named in :data:`.rules.SHAPE_RERUNS` run there exactly as they run on the suite's host, judged
 against transformers + PEFT over that checkpoint, and each verdict comes back as its own check,
 ``deep_model__<check>``, failing with the original check's message. One child start per suite run serves them all.
 
-Written after blind batch 2026-12-06 (its h15: a one-digit layer-index parser); see docs/conformance.md.
+Written after blind batch 2026-12-06 (its h15: a one-digit layer-index parser) and widened after 2026-12-06b; see
+docs/conformance.md.
 """
 
 from __future__ import annotations
