@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import torch
 
 from .lora_spec import LoraConfigSpec
 
-__all__ = ["LoraConfigSpec", "LoraAdapterState", "NonFiniteAdapterError", "all_finite", "check_finite",
+__all__ = ["LoraConfigSpec", "LoraAdapterState", "install_folder", "NonFiniteAdapterError", "all_finite", "check_finite",
            "nonfinite_names", "peft_key", "parse_peft_key", "fresh_lora_state"]
 
 _KEY = re.compile(r"^base_model\.model\.(?P<layers>.+?)\.(?P<idx>\d+)\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
@@ -115,7 +117,6 @@ class LoraAdapterState:
 
         ``if_absent``: a complete folder already there is kept as it is, never replaced, so a reader never finds
         it missing (data-parallel ranks on one filesystem publish the same version, bit-identical)."""
-        import shutil
         import uuid
 
         out = Path(directory)
@@ -131,22 +132,8 @@ class LoraAdapterState:
             # a full disk fails the write mid-file: leave no half-written folder behind (nor its space used)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if if_absent:
-            try:
-                os.rename(tmp, out)  # refused while out is a folder with files in it
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if not (out / "adapter_config.json").is_file():
-                    raise
-            return out
-        if out.exists():
-            old = out.with_name(f"{tmp.name}.old")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        return out
+        keep = (lambda folder: (folder / "adapter_config.json").is_file()) if if_absent else (lambda folder: False)
+        return install_folder(tmp, out, keep=keep)
 
     @classmethod
     def load_pretrained(cls, directory: str | os.PathLike[str], name: str | None = None,
@@ -191,3 +178,31 @@ def fresh_lora_state(base: torch.nn.Module, config: LoraConfigSpec, *, name: str
     tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
     peft_model.unload()  # the backward maps the base modules as plain weights
     return LoraAdapterState(name, 0, config, tensors, base_model_path)
+
+
+def install_folder(staging: Path, out: Path, *, keep: Callable[[Path], bool] = lambda folder: False) -> Path:
+    """Move the finished folder ``staging`` to ``out`` with renames, so a reader never loads half a folder (published
+    versions written by several data-parallel ranks at once; the offline test checkpoints built by concurrent test
+    workers). When ``out`` already exists and ``keep(out)`` says it is complete and wanted (a
+    concurrent writer of the same content landed first), it stays and ``staging`` is discarded; otherwise the old
+    folder is moved aside and replaced, never deleted before the new one is in place."""
+    try:
+        os.rename(staging, out)  # refused while out is a folder with files in it
+        return out
+    except OSError:
+        if keep(out):
+            shutil.rmtree(staging, ignore_errors=True)
+            return out
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    try:
+        os.rename(out, aside / "old")
+    except FileNotFoundError:
+        pass  # removed meanwhile: nothing to set aside
+    try:
+        os.rename(staging, out)
+    except OSError:  # another writer put its folder there between the two renames
+        if not keep(out):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(aside, ignore_errors=True)
+    return out

@@ -11,11 +11,13 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from deltaserve_core.adapter_state import install_folder
 
 __all__ = ["build_tiny_llama", "build_lora_adapter", "TINY_CHAT_TEMPLATE"]
 
@@ -110,7 +112,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
                 {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, **generation_config},
                 indent=2))
         (staging / marker.name).write_text(json.dumps(stamp))
-        return _install(staging, out, built)
+        return install_folder(staging, out, keep=built)
 
 
 def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.PathLike[str], *, r: int = 8,
@@ -142,7 +144,7 @@ def build_lora_adapter(model_dir: str | os.PathLike[str], directory: str | os.Pa
                     p.copy_(torch.randn(p.shape, generator=gen) * scale)
         model.save_pretrained(staging)
         (staging / "deltaserve_lora.json").write_text(json.dumps(stamp))
-        return _install(staging, out, built)
+        return install_folder(staging, out, keep=built)
 
 
 @contextmanager
@@ -156,29 +158,3 @@ def _building(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _install(staging: Path, out: Path, built: Callable[[Path], bool]) -> Path:
-    """Move a finished build into place with one rename. Test workers, suite runs and demos share the cache: a
-    reader must never load half a folder, and two builders of the same folder may race (the builds are seeded, so
-    whichever lands first is the one every caller gets)."""
-    try:
-        os.rename(staging, out)
-        return out
-    except OSError:  # ``out`` exists: another builder landed first, or an older build with other settings is there
-        if built(out):
-            shutil.rmtree(staging, ignore_errors=True)
-            return out
-    stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".stale", dir=out.parent))
-    try:
-        os.rename(out, stale / "old")
-    except FileNotFoundError:
-        pass
-    try:
-        os.rename(staging, out)
-    except OSError:
-        if not built(out):
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-    shutil.rmtree(stale, ignore_errors=True)
-    return out
