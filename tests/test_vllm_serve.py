@@ -354,9 +354,10 @@ def test_deltaserve_metrics_are_on_vllms_own_metrics_endpoint(server: dict) -> N
     from deltaserve_core.testing.metrics import assert_sane
 
     job = ((JOB_LABEL, "served"),)
-    # long enough for the scheduler's SLO view, which samples the running requests every 0.1 s
+    # long enough for the scheduler's SLO view, which samples the running requests every 0.1 s and has a TPOT figure
+    # only from a sample taken after the request's second token (48 tokens once finished before one: no tpot series)
     status, body = _post(f"{server['base']}/v1/completions", {"model": server["model"], "prompt": PROMPTS[0],
-                                                              "max_tokens": 48, "temperature": 0.0,
+                                                              "max_tokens": 160, "temperature": 0.0,
                                                               "ignore_eos": True})
     assert status == 200, body
     deadline = time.monotonic() + 120
