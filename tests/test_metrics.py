@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from deltaserve_core.metrics import JOB_LABEL, METRICS, exposed_names
+from deltaserve_core.metrics import JOB_LABEL, METRICS, RANK_LABEL, exposed_names
 from deltaserve_core.testing.metrics import assert_sane, parse_exposition
 from test_coserve import _drive, _job, _model, dataset, host  # noqa: F401  (the reference host, one per module)
 
@@ -49,7 +49,7 @@ def test_a_coserver_exports_every_metric_and_counters_survive_a_restart(host, da
             co.poll()
             time.sleep(0.01)
         co.flush_host_work()  # its publish
-        body, ctype = render_text(SnapshotCollector(lambda: (metrics.job, metrics.sample())))
+        body, ctype = render_text(SnapshotCollector(lambda: [(metrics.labels, metrics.sample())]))
         assert ctype.startswith("text/plain")
         series = parse_exposition(body.decode())
         assert_sane(series, "metered")
@@ -64,8 +64,8 @@ def test_a_coserver_exports_every_metric_and_counters_survive_a_restart(host, da
         # the file the vLLM API server reads carries the same values
         sink = FileSink(tmp_path / "metrics.json")
         snapshot = metrics.sample()
-        sink.write(metrics.job, snapshot)
-        assert read_snapshot(tmp_path / "metrics.json") == ("metered", snapshot)
+        sink.write(metrics.labels, snapshot)
+        assert read_snapshot(tmp_path / "metrics.json") == [({JOB_LABEL: "metered"}, snapshot)]
         from_file = parse_exposition(render_text(snapshot_file_collector(tmp_path / "metrics.json"))[0].decode())
         assert set(from_file) == set(series)
 
@@ -87,16 +87,17 @@ def test_a_coserver_exports_every_metric_and_counters_survive_a_restart(host, da
         assert dict(after["deltaserve_optimizer_steps_total"])[None] > dict(before[
             "deltaserve_optimizer_steps_total"])[None]
     # nothing yet: every metric is still described, without series
-    empty = parse_exposition(render_text(SnapshotCollector(lambda: None))[0].decode())
+    empty = parse_exposition(render_text(SnapshotCollector(lambda: []))[0].decode())
     assert set(empty) == exposed_names() and not any(empty.values())
 
 
 _WRITER = """
 import json, sys
 from deltaserve_core.metrics import MultiprocessSink
-sink = MultiprocessSink()
+labels = json.loads(sys.argv[2])
+sink = MultiprocessSink(list(labels))
 for snap in json.loads(sys.argv[1]):
-    sink.write("mp-job", {k: [tuple(s) for s in v] for k, v in snap.items()})
+    sink.write(labels, {k: [tuple(s) for s in v] for k, v in snap.items()})
 """
 
 
@@ -111,8 +112,8 @@ def test_the_multiprocess_sink_writes_what_the_engines_multiprocess_collector_se
     second = {"deltaserve_optimizer_steps_total": [[None, 3.0]], "deltaserve_loss": [[None, 1.25]],
               "deltaserve_admission_decisions_total": [["admitted", 7.0], ["no_slack", 1.0]]}
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    run = subprocess.run([sys.executable, "-c", _WRITER, json.dumps([first, second])], env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", _WRITER, json.dumps([first, second]), json.dumps({JOB_LABEL: "mp-job"})],
+                         env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(tmp_path))
@@ -121,6 +122,34 @@ def test_the_multiprocess_sink_writes_what_the_engines_multiprocess_collector_se
     assert series["deltaserve_optimizer_steps_total"][(job,)] == 3.0  # increments, not a sum of both snapshots
     assert series["deltaserve_loss"][(job,)] == 1.25  # the most recent value
     assert series["deltaserve_admission_decisions_total"][(job, ("reason", "admitted"))] == 7.0
+
+    # two data-parallel ranks, each an engine process of its own: one series each, none overwriting the other
+    for rank, snap in ((0, first), (1, second)):
+        run = subprocess.run([sys.executable, "-c", _WRITER, json.dumps([snap]),
+                              json.dumps({JOB_LABEL: "dp-job", RANK_LABEL: str(rank)})],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+    series = parse_exposition(generate_latest(registry).decode())
+    ranks = [tuple(sorted({JOB_LABEL: "dp-job", RANK_LABEL: r}.items())) for r in ("0", "1")]
+    assert [series["deltaserve_optimizer_steps_total"][k] for k in ranks] == [2.0, 3.0]
+    assert [series["deltaserve_loss"][k] for k in ranks] == [1.5, 1.25]
+
+
+def test_the_ranks_of_a_data_parallel_job_write_one_snapshot_file_each(tmp_path: Path) -> None:
+    """vLLM with ``--data-parallel-size N --api-server-count 1``: N EngineCores, one API server reading the file it
+    named. Each rank replaces a file of its own beside it; the collector serves every rank's series."""
+    from deltaserve_core.metrics import FileSink, rank_snapshot_path, render_text, snapshot_file_collector
+
+    path = tmp_path / "metrics.json"
+    for rank, steps in ((1, 3.0), (0, 2.0)):
+        labels = {JOB_LABEL: "dp-job", RANK_LABEL: str(rank)}
+        FileSink(rank_snapshot_path(path, labels)).write(labels, {"deltaserve_optimizer_steps_total": [(None, steps)],
+                                                                  "deltaserve_loss": [(None, steps / 2)]})
+    assert not path.exists() and rank_snapshot_path(path, {JOB_LABEL: "one"}) == path
+    series = parse_exposition(render_text(snapshot_file_collector(path))[0].decode())
+    ranks = [tuple(sorted({JOB_LABEL: "dp-job", RANK_LABEL: r}.items())) for r in ("0", "1")]
+    assert [series["deltaserve_optimizer_steps_total"][k] for k in ranks] == [2.0, 3.0]
+    assert [series["deltaserve_loss"][k] for k in ranks] == [1.0, 1.5]
 
 
 # ------------------------------------------------------------------------------------------ the dashboard

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import pytest
 
-from deltaserve_core.metrics import SnapshotCollector, exposed_names, render_text
+from deltaserve_core.metrics import JOB_LABEL, SnapshotCollector, exposed_names, render_text
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "support-bot"
@@ -70,7 +70,7 @@ SCRAPES = [
 
 
 def _page(snapshot: dict) -> str:
-    body, _ = render_text(SnapshotCollector(lambda: (JOB, snapshot)))
+    body, _ = render_text(SnapshotCollector(lambda: [({JOB_LABEL: JOB}, snapshot)]))
     return VLLM_LINES + body.decode()
 
 

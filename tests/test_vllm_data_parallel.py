@@ -38,6 +38,7 @@ from test_vllm_serve import (  # noqa: F401  (calibrated, plain_outputs: fixture
     PROMPTS,
     _complete,
     _env,
+    _scrape,
     _start,
     calibrated,
     plain_outputs,
@@ -236,6 +237,22 @@ def test_both_ranks_train_one_job_and_the_jobs_api_shows_each_and_the_total(serv
     log = server["log"].read_text()
     assert log.count("one fine-tuning job over the 2 data-parallel engines") == 1, log[-4000:]
     assert "data-parallel rank 0" in log and "data-parallel rank 1" in log
+
+
+def test_metrics_show_every_rank_on_vllms_own_endpoint(server: dict) -> None:
+    """One API server per engine here (vLLM's default with --data-parallel-size), so prometheus_client's
+    multiprocess folder: each rank's series carry its dp_rank, none overwrites the other's, and both ranks applied
+    the same optimizer steps. Runs after the job ended (the previous test), so the values are final."""
+    from deltaserve_core.metrics import JOB_LABEL, RANK_LABEL
+    from deltaserve_core.testing.metrics import assert_sane
+
+    series = _scrape(server["base"])
+    for rank in (0, 1):
+        assert_sane(series, ADAPTER, multiprocess=True, published=False, rank=rank)
+    ranks = [tuple(sorted({JOB_LABEL: ADAPTER, RANK_LABEL: str(r)}.items())) for r in (0, 1)]
+    steps = [series["deltaserve_adapter_step"][k] for k in ranks]
+    assert steps[0] == steps[1] >= 2, steps
+    assert all(dict(k).get(RANK_LABEL) in ("0", "1") for k in series["deltaserve_optimizer_steps_total"])
 
 
 def test_a_published_version_is_served_by_name_from_every_engine(server: dict) -> None:

@@ -2,7 +2,9 @@
 
 One metric set (:data:`METRICS`), the same on every engine. Every series carries the label ``finetune_job`` (the
 job's ``adapter_name``; not ``job``, which Prometheus sets on every series to the scrape job's name and would
-rename ours to ``exported_job``) and at most one more, whose values are a fixed list (admission reasons, execution modes,
+rename ours to ``exported_job``), a job over several data-parallel replicas also ``dp_rank`` (the replica's rank, so
+that N engines behind one ``/metrics`` give N series, never one overwritten by the others; ``sum without(dp_rank)``
+is the job's total), and at most one more, whose values are a fixed list (admission reasons, execution modes,
 backward states, ...): nothing is labelled per request or per sample, so a server exports a bounded number of
 series per job whatever its traffic.
 
@@ -18,7 +20,8 @@ JSON-able values). How a snapshot reaches the engine's ``/metrics`` depends on w
   beside its own metrics;
 - otherwise (``vllm serve`` by default: one API server with an in-memory registry, the CoServer in the EngineCore
   process): :class:`FileSink` replaces a small JSON file that the API server named, and a SnapshotCollector
-  registered in the API server's registry reads it at each scrape (:func:`snapshot_file_collector`).
+  registered in the API server's registry reads it at each scrape (:func:`snapshot_file_collector`); the ranks of a
+  data-parallel job each replace their own file beside it (:func:`rank_snapshot_path`).
 
 An :class:`Exporter` thread samples every ``interval_s`` (1 s) off the engine's thread: the step path pays only
 for :meth:`JobMetrics.on_step` (a few additions), never for a file write or a registry update.
@@ -49,14 +52,16 @@ from .types import ExecutionMode, StepRecord
 if TYPE_CHECKING:
     from .coserve import CoServer
 
-__all__ = ["METRICS", "Exporter", "FileSink", "JOB_LABEL", "JobMetrics", "MetricDef", "MultiprocessSink", "Snapshot",
-           "SnapshotCollector", "exposed_names", "read_snapshot", "render_text", "snapshot_file_collector",
-           "start_exporter"]
+__all__ = ["JOB_LABEL", "METRICS", "RANK_LABEL", "Exporter", "FileSink", "JobLabels", "JobMetrics", "MetricDef",
+           "MultiprocessSink", "Snapshot", "SnapshotCollector", "exposed_names", "rank_snapshot_path", "read_snapshot",
+           "render_text", "snapshot_file_collector", "start_exporter"]
 
 log = logging.getLogger("deltaserve.metrics")
 
 #: the label every series carries: the job's adapter name
 JOB_LABEL = "finetune_job"
+#: the label every series of a data-parallel job carries besides: the replica's rank
+RANK_LABEL = "dp_rank"
 #: kinds of executed engine steps, by what they carried (the harvest counters' label values)
 STEP_KINDS = ("inference", "mixed", "finetune_only")
 #: states of the backward side: the backward process's own (``yielding``: waiting for the device while
@@ -126,6 +131,9 @@ _BY_NAME = {m.name: m for m in METRICS}
 
 #: metric name -> [(label value or None, value)]: what one job's metrics are at one moment (JSON-able)
 Snapshot = dict[str, list[tuple[str | None, float]]]
+#: the labels every series of one job's snapshot carries (:data:`JOB_LABEL`, and :data:`RANK_LABEL` under data
+#: parallelism), in the order they are declared
+JobLabels = dict[str, str]
 
 
 def exposed_names() -> frozenset[str]:
@@ -143,6 +151,9 @@ class JobMetrics:
     def __init__(self, coserver: CoServer) -> None:
         self.co = coserver
         self.job = coserver.job.adapter_name
+        self.labels: JobLabels = {JOB_LABEL: self.job}
+        if coserver.dp is not None:
+            self.labels[RANK_LABEL] = str(coserver.dp.rank)
         self._step_counts = dict.fromkeys(STEP_KINDS, 0)
         self._step_seconds = dict.fromkeys(STEP_KINDS, 0.0)
         #: the highest value each counter series was sampled at: a sample taken while the engine's thread is
@@ -245,36 +256,37 @@ def _published_version(published: list[str]) -> list[tuple[str | None, float]]:
 class SnapshotCollector:
     """A prometheus_client collector of one job's metrics, read from ``source`` at each scrape.
 
-    ``source`` returns ``(job, snapshot)`` or ``None`` (nothing yet: every metric is still described, with no
-    series). Register it in the registry the engine's ``/metrics`` renders."""
+    ``source`` returns ``[(labels, snapshot), ...]``: one entry per process of the job (one, or one per
+    data-parallel rank, each with its :data:`RANK_LABEL`); an empty list before the first sample (every metric is
+    still described, with no series). Register it in the registry the engine's ``/metrics`` renders."""
 
-    def __init__(self, source: Callable[[], tuple[str, Snapshot] | None]) -> None:
+    def __init__(self, source: Callable[[], list[tuple[JobLabels, Snapshot]]]) -> None:
         self.source = source
 
     def describe(self) -> Iterator[Any]:
-        return iter(self._families(None))
+        return iter(self._families([]))
 
     def collect(self) -> Iterator[Any]:
         try:
             got = self.source()
         except Exception:  # noqa: BLE001 - a scrape must still answer with the engine's own metrics
             log.warning("DeltaServe metrics could not be read", exc_info=True)
-            got = None
+            got = []
         return iter(self._families(got))
 
     @staticmethod
-    def _families(got: tuple[str, Snapshot] | None) -> list[Any]:
+    def _families(got: list[tuple[JobLabels, Snapshot]]) -> list[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        # a family's label names are fixed: those of the job's processes (all alike), else the job label alone
+        names = list(got[0][0]) if got else [JOB_LABEL]
         families = []
         for m in METRICS:
-            labels = [JOB_LABEL] + ([m.label] if m.label else [])
-            family = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(m.name, m.help,
-                                                                                         labels=labels)
-            if got is not None:
-                job, snapshot = got
+            family = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(
+                m.name, m.help, labels=names + ([m.label] if m.label else []))
+            for labels, snapshot in got:
                 for label, value in snapshot.get(m.name, ()):
-                    family.add_metric([job] + ([label] if m.label else []), value)
+                    family.add_metric([labels[n] for n in names] + ([label] if m.label else []), value)
             families.append(family)
         return families
 
@@ -291,29 +303,46 @@ def render_text(collector: SnapshotCollector) -> tuple[bytes, str]:
 # ---------------------------------------------------------------------------------------------- sinks
 
 
+def rank_snapshot_path(path: str | os.PathLike[str], labels: JobLabels) -> Path:
+    """Where the process with ``labels`` writes the snapshots its server named ``path``: ``path`` itself, or for a
+    data-parallel rank a file of its own beside it (several EngineCores behind one API server share ``path``)."""
+    path = Path(path)
+    rank = labels.get(RANK_LABEL)
+    return path if rank is None else path.with_name(f"{path.stem}.rank-{rank}{path.suffix}")
+
+
 class FileSink:
     """Writes each snapshot to ``path`` (replaced atomically: a reader sees the old file or the new one)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
 
-    def write(self, job: str, snapshot: Snapshot) -> None:
+    def write(self, labels: JobLabels, snapshot: Snapshot) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"job": job, "written_at": time.time(), "metrics": snapshot}))
+        tmp.write_text(json.dumps({"labels": labels, "written_at": time.time(), "metrics": snapshot}))
         os.replace(tmp, self.path)
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> tuple[str, Snapshot] | None:
-    """What :class:`FileSink` last wrote to ``path``; ``None`` before its first write."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    return data["job"], {k: [(label, float(v)) for label, v in series] for k, series in data["metrics"].items()}
+def read_snapshot(path: str | os.PathLike[str]) -> list[tuple[JobLabels, Snapshot]]:
+    """What the :class:`FileSink` of every process of the job last wrote for the server's ``path`` (the file, or
+    the ranks' files beside it), rank order; empty before the first write."""
+    path = Path(path)
+    files = [path] + sorted(path.parent.glob(f"{path.stem}.rank-*{path.suffix}"),
+                            key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    out = []
+    for f in files:
+        try:
+            data = json.loads(f.read_text())
+        except FileNotFoundError:
+            continue
+        out.append((dict(data["labels"]),
+                    {k: [(label, float(v)) for label, v in series] for k, series in data["metrics"].items()}))
+    return out
 
 
 def snapshot_file_collector(path: str | os.PathLike[str]) -> SnapshotCollector:
-    """The collector of the process that serves ``/metrics`` when the CoServer writes its snapshots to ``path``."""
+    """The collector of the process that serves ``/metrics`` when the CoServer writes its snapshots to ``path``
+    (or, a data-parallel job's ranks, to :func:`rank_snapshot_path` beside it)."""
     return SnapshotCollector(lambda: read_snapshot(path))
 
 
@@ -323,12 +352,13 @@ class MultiprocessSink:
     ``MultiProcessCollector`` reads them. ``registry``: where the objects are registered (``None``: nowhere;
     in multiprocess mode the folder, not a registry, is what is served)."""
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(self, label_names: list[str] | None = None, registry: Any = None) -> None:
         from prometheus_client import Counter, Gauge
 
         self._metrics: dict[str, Any] = {}
+        self._names = list(label_names or [JOB_LABEL])  # the job's labels (:attr:`JobMetrics.labels`' keys)
         for m in METRICS:
-            labels = [JOB_LABEL] + ([m.label] if m.label else [])
+            labels = self._names + ([m.label] if m.label else [])
             if m.kind == "counter":
                 self._metrics[m.name] = Counter(m.name, m.help, labels, registry=registry)
             else:
@@ -337,11 +367,12 @@ class MultiprocessSink:
                                               multiprocess_mode="mostrecent")
         self._counted: dict[tuple[str, str | None], float] = {}
 
-    def write(self, job: str, snapshot: Snapshot) -> None:
+    def write(self, labels: JobLabels, snapshot: Snapshot) -> None:
+        job = [labels[n] for n in self._names]
         for name, series in snapshot.items():
             metric, m = self._metrics[name], _BY_NAME[name]
             for label, value in series:
-                child = metric.labels(job, label) if m.label else metric.labels(job)
+                child = metric.labels(*job, label) if m.label else metric.labels(*job)
                 if m.kind == "counter":
                     before = self._counted.get((name, label), 0.0)
                     if value > before:  # a prometheus_client counter only takes increments
@@ -370,7 +401,7 @@ class Exporter:
 
     def export(self) -> None:
         try:
-            self.sink.write(self.metrics.job, self.metrics.sample())
+            self.sink.write(self.metrics.labels, self.metrics.sample())
             self._failed = False
         except Exception:  # noqa: BLE001 - metrics must never take the engine down
             if not self._failed:  # once per outage, not once a second
@@ -392,11 +423,11 @@ def start_exporter(coserver: CoServer, *, snapshot_path: str | None = None, inte
     metrics = JobMetrics(coserver)
     sink: FileSink | MultiprocessSink
     if env.get("PROMETHEUS_MULTIPROC_DIR"):
-        sink = MultiprocessSink()
+        sink = MultiprocessSink(list(metrics.labels))
         where = f"prometheus multiprocess folder {env['PROMETHEUS_MULTIPROC_DIR']}"
     elif snapshot_path:
-        sink = FileSink(snapshot_path)
-        where = f"snapshot file {snapshot_path}"
+        sink = FileSink(rank_snapshot_path(snapshot_path, metrics.labels))
+        where = f"snapshot file {sink.path}"
     else:
         coserver.step_observers.remove(metrics.on_step)
         return None

@@ -266,7 +266,7 @@ class EngineLoop:
         """``GET /metrics``: the job's Prometheus metrics (:mod:`.metrics`) and their content type. Any thread."""
         from .metrics import SnapshotCollector, render_text
 
-        return render_text(SnapshotCollector(lambda: (self.metrics.job, self.metrics.sample())))
+        return render_text(SnapshotCollector(lambda: [(self.metrics.labels, self.metrics.sample())]))
 
     def status(self) -> dict[str, Any]:
         """Job and inference progress (runs on the engine thread, through :meth:`call`)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from deltaserve_core.metrics import JOB_LABEL, METRICS, exposed_names
+from deltaserve_core.metrics import JOB_LABEL, METRICS, RANK_LABEL, exposed_names
 
 __all__ = ["Series", "assert_sane", "parse_exposition"]
 
@@ -33,12 +33,14 @@ _UNTIL_A_VALUE = ("deltaserve_loss", "deltaserve_published_version", "deltaserve
 
 
 def assert_sane(series: Series, job: str, *, trained: bool = True, published: bool = True,
-                multiprocess: bool = False) -> None:
+                multiprocess: bool = False, rank: int | None = None) -> None:
     """Every DeltaServe metric is on the page, each series labelled ``job`` and nothing per request, with values a
     job can have: a ``trained`` one has steps, tokens and a finite loss; a ``published`` one a version.
 
     ``multiprocess``: the page is prometheus_client's multiprocess collector's (SGLang, vLLM with several API
-    servers), which knows a metric only from its series, so a gauge without a value yet is not listed at all."""
+    servers), which knows a metric only from its series, so a gauge without a value yet is not listed at all.
+    ``rank``: the job is data-parallel; the series of that rank are checked (every series then carries a rank)."""
+    mine = {JOB_LABEL: job} if rank is None else {JOB_LABEL: job, RANK_LABEL: str(rank)}
     missing = set(exposed_names() - set(series))
     if multiprocess:
         wanted = {"deltaserve_loss": trained, "deltaserve_published_version": published}
@@ -46,14 +48,14 @@ def assert_sane(series: Series, job: str, *, trained: bool = True, published: bo
     assert not missing, f"not on /metrics: {sorted(missing)}"
 
     def one(name: str, **labels: str) -> float:
-        key = tuple(sorted({JOB_LABEL: job, **labels}.items()))
+        key = tuple(sorted({**mine, **labels}.items()))
         assert key in series[name], (name, labels, series[name])
         return series[name][key]
 
     for m in METRICS:
         for key in series.get(m.name, {}):
             labels = dict(key)
-            assert labels.get(JOB_LABEL) == job and set(labels) == {JOB_LABEL} | ({m.label} if m.label else set()), \
+            assert labels.get(JOB_LABEL) == job and set(labels) == set(mine) | ({m.label} if m.label else set()), \
                 (m.name, key)
             if m.label:
                 assert labels[m.label] in m.values, (m.name, key)
@@ -77,7 +79,8 @@ def assert_sane(series: Series, job: str, *, trained: bool = True, published: bo
         assert one("deltaserve_published_version") >= 1
     assert one("deltaserve_learning_rate") > 0
     assert one("deltaserve_slo_target_seconds", objective="ttft") > 0
-    assert sum(series["deltaserve_backward_state"].values()) == 1.0, series["deltaserve_backward_state"]
+    states = [v for k, v in series["deltaserve_backward_state"].items() if set(mine.items()) <= set(k)]
+    assert sum(states) == 1.0, series["deltaserve_backward_state"]
     assert one("deltaserve_training_paused") == 0
     for key, value in series.get("deltaserve_slo_attainment_ratio", {}).items():
         assert 0 <= value <= 1, key
