@@ -18,6 +18,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import json
 import random
 import signal
 import threading
@@ -114,6 +115,69 @@ def test_ranks_claim_disjoint_runs_that_cover_every_epoch(store_server) -> None:
         ids = sorted(sid for e, sid in everything if e == epoch)
         assert ids == list(range(37)), f"epoch {epoch}: samples trained twice or skipped"
     assert not {x for x in trained[0]} & {x for x in trained[1]}
+
+
+def _train_some(pool: RankPool, rng: random.Random, steps: int, trained: list[tuple[int, int]]) -> None:
+    """``steps`` admissions on ``pool``: most complete (recorded in ``trained``), some stay in flight, some abort."""
+    for _ in range(steps):
+        taken = list(pool.iter_by_length())[:rng.randint(1, 3)]
+        if not taken:
+            return
+        pool.claim(taken)
+        roll = rng.random()
+        if roll < 0.2:
+            pool.release([s.sample_id for s in taken])
+        elif roll < 0.9:
+            trained.extend((s.epoch, s.sample_id) for s in taken)
+            pool.complete([s.sample_id for s in taken])
+        # else: left in flight, as samples are when a job stops mid-step
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_whole_job_restart_resumes_the_sample_order_where_the_ranks_were(store_server, seed: int) -> None:  # noqa: ANN001
+    """Both ranks stop mid-job (one may be an epoch ahead; samples in flight), then resume from their states onto a
+    new store, one rank's post arriving later than the other's: over both runs every sample is trained exactly once
+    per epoch. A state taken under the same store is a rejoin, which ``resume`` leaves to the store."""
+    samples = _samples(23, seed=seed)
+    rng = random.Random(seed)
+    trained: list[tuple[int, int]] = []
+    ns = uuid.uuid4().hex
+    pools = [RankPool(samples, connect_store(_store_rank(r, store_server.port, ns)), rank=r, claim_samples=4,
+                      epochs=3, seed=5, world_size=2) for r in (0, 1)]
+    _train_some(pools[0], rng, 9 + seed * 4, trained)  # rank 0 runs ahead
+    _train_some(pools[1], rng, 3, trained)
+    states = [p.state_dict() for p in pools]
+    assert not pools[0].resume(states[0]), "a state of this same store is a rejoin, not a restart"
+    assert json.loads(json.dumps(states)) == states  # what a checkpoint's trainer_state.json holds
+    after = {0: [], 1: []}
+    for r, pool in enumerate(pools):  # one of rank r's in-flight samples landed in a step the checkpoint holds
+        held = sorted(pool.in_flight_ids())
+        if held:
+            after[r] = held[:1]
+            trained.extend((pool.epoch, sid) for sid in after[r])
+
+    ns2 = uuid.uuid4().hex  # the new store (a fresh namespace: nothing of the first run's claims)
+    fresh = [RankPool(samples, connect_store(_store_rank(r, store_server.port, ns2)), rank=r, claim_samples=4,
+                      epochs=3, seed=5, world_size=2) for r in (0, 1)]
+    assert fresh[0].store_id == fresh[1].store_id != pools[0].store_id
+    assert fresh[0].resume(states[0], after[0])
+    fresh[0]._resume_checked = 0.0
+    assert len(fresh[0]) == 0 and not fresh[0].finished, "admitted before every rank's checkpoint was in"
+    assert fresh[1].resume(states[1], after[1])
+    for pool in fresh:
+        pool._resume_checked = 0.0  # the merge is looked for every 0.2 s
+    while not all(p.finished for p in fresh):
+        for pool in fresh:
+            pool._resume_checked = 0.0
+            _train_some(pool, rng, 1, trained)
+            for sid in sorted(pool.in_flight_ids()):  # nothing is left in flight at the end of this run
+                trained.append((pool.epoch, sid))
+                pool.complete([sid])
+    for epoch in range(3):
+        ids = sorted(sid for e, sid in trained if e == epoch)
+        assert ids == list(range(23)), f"epoch {epoch}: trained twice or skipped over the restart: {ids}"
+    assert fresh[0].progress()["samples_completed"] + fresh[1].progress()["samples_completed"] == 3 * 23 - sum(
+        len(a) for a in after.values())
 
 
 def test_rank_pool_walks_its_own_samples_shortest_first(store_server) -> None:  # noqa: ANN001
@@ -428,6 +492,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _drive_ranks(hosts: list, cos: list, *, stop_at: int | None = None) -> None:
+    """Step both replicas' engines (idle steps: fine-tuning only) until every rank's job finished, or every rank's
+    adapter reached step ``stop_at``."""
+    deadline = time.monotonic() + 240
+    while not all(co.finished for co in cos):
+        if stop_at is not None and min(co.stats.adapter_step for co in cos) >= stop_at:
+            break
+        assert time.monotonic() < deadline, [co.pool.progress_line() for co in cos]
+        for h, co in zip(hosts, cos):
+            if not h.run_idle_step():
+                co.poll()
+        time.sleep(0.002)
+    for co in cos:
+        co.poll()
+
+
 @pytest.mark.exactness
 def test_two_coserving_ranks_train_one_job_exactly(tiny_model, tmp_path) -> None:  # noqa: ANN001
     """Two reference hosts, each with its own CoServer (admission, buffer, backward process), run one job of two
@@ -464,15 +544,7 @@ def test_two_coserving_ranks_train_one_job_exactly(tiny_model, tmp_path) -> None
             co.start()
         for h, seed in zip(hosts, (0, 1)):
             h.generate(_requests(3, seed))  # client traffic on both replicas while they co-serve
-        deadline = time.monotonic() + 240
-        while not all(co.finished for co in cos):
-            assert time.monotonic() < deadline, [co.pool.progress_line() for co in cos]
-            for h, co in zip(hosts, cos):
-                if not h.run_idle_step():
-                    co.poll()
-            time.sleep(0.002)
-        for co in cos:
-            co.poll()
+        _drive_ranks(hosts, cos)
         finals = [{k: v.detach().clone() for k, v in co.backward.adapter_snapshot().tensors.items()} for co in cos]
         steps = [[s for s, _ in co._step_log] for co in cos]
         batches = [list(co.stats.trained_batches) for co in cos]
@@ -499,3 +571,91 @@ def test_two_coserving_ranks_train_one_job_exactly(tiny_model, tmp_path) -> None
           f"{sum(map(len, batches[1]))} sample-epochs, max relative difference from PEFT on the union {worst:.3g}")
     assert worst <= TOL, f"adapter after {len(union)} global steps differs from PEFT on the union by {worst:.3g}"
     assert set(status["trained_tokens_by_rank"]) == {"0", "1"} and status["world_size"] == 2
+
+
+@pytest.mark.exactness
+def test_a_whole_job_restart_trains_every_sample_once_per_epoch(tiny_model, tmp_path) -> None:  # noqa: ANN001
+    """Two co-serving reference ranks stop mid-job (each writes its final checkpoint), the operator keeps the newest
+    checkpoint both ranks have (docs/scaling.md, Faults), and both restart onto a new store: the sample order goes
+    on where the ranks were, so over both runs every sample is trained exactly once per epoch, both ranks end on the
+    same adapter, and that adapter is the plain PEFT loop over the union of each global step's samples (the resumed
+    optimizer state continues the first run's)."""
+    import shutil
+    from collections import Counter
+
+    from deltaserve_core.coserve import CoServer
+    from deltaserve_core.driver import HostConfig
+    from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
+    from deltaserve_core.registry import create_host
+
+    from test_coserve import _model, _peft_replay, _requests
+
+    topics = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
+    records = [{"instruction": f"Write one sentence about {t} ({i}).", "input": "",
+                "output": f"Here is a short sentence about {t}, number {i}."} for i, t in enumerate(topics * 2)]
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(records))
+
+    def job(port: int) -> JobConfig:
+        return JobConfig(dataset=str(data), max_length=64, buffer_tokens=512, backward_batch_tokens=96, epochs=2,
+                         pack_tokens=0, slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), seed=3,
+                         publish=PublishSpec(policy="never"),
+                         checkpoint=CheckpointSpec(dir=str(tmp_path / "ckpt"), every_steps=2, keep=50),
+                         data_parallel=DataParallelSpec(world_size=2, rendezvous=f"127.0.0.1:{port}",
+                                                        step_timeout_s=60.0, claim_samples=3, keep_steps=16))
+
+    hosts = [create_host("reference", HostConfig(model=str(tiny_model))) for _ in range(2)]
+    runs = []
+    try:
+        for stop_at in (5, None):  # the first run stops after global step 5; the second runs to the end
+            port = _free_port()  # a new store for each run
+            cos = [CoServer(h, job(port), latency_model=_model(), backward_threads=1, dp_rank=r)
+                   for r, h in enumerate(hosts)]
+            try:
+                for co in cos:
+                    co.start()
+                _drive_ranks(hosts, cos, stop_at=stop_at)
+                if stop_at is None:
+                    finals = [{k: v.detach().clone() for k, v in co.backward.adapter_snapshot().tensors.items()}
+                              for co in cos]
+                runs.append({"steps": [[s for s, _ in co._step_log] for co in cos],
+                             "batches": [list(co.stats.trained_batches) for co in cos]})
+                if stop_at is not None:
+                    init = {k: v.detach().to("cpu", torch.float32) for k, v in cos[0].initial_adapter.tensors.items()}
+                    samples = {s.sample_id: s for s in cos[0].dataset.samples}
+                    for co in cos:
+                        co.final_checkpoint()
+            finally:
+                for co in reversed(cos):  # rank 0 last: its controller hosts the store
+                    co.close()
+            if stop_at is not None:  # keep the newest checkpoint both ranks have (they may be a step apart)
+                folders = [{int(p.name.split("-")[1]): p for p in (tmp_path / "ckpt" / f"rank-{r}").glob("checkpoint-*")}
+                           for r in (0, 1)]
+                common = max(set(folders[0]) & set(folders[1]))
+                assert common >= 2, folders
+                for f in folders:
+                    for step, path in f.items():
+                        if step > common:
+                            shutil.rmtree(path)
+    finally:
+        for h in hosts:
+            h.shutdown()
+    first, second = runs
+    # the first run's global steps up to the kept checkpoint, then the second run's
+    union = []
+    for run, keep in ((first, common), (second, None)):
+        assert run["steps"][0][:len(run["steps"][1])] == run["steps"][1][:len(run["steps"][0])], run["steps"]
+        for i, step in enumerate(run["steps"][0]):
+            if keep is None or step <= keep:
+                union.append(tuple(run["batches"][0][i]) + (tuple(run["batches"][1][i])
+                                                              if i < len(run["batches"][1]) else ()))
+    assert second["steps"][0][0] == common + 1, "the second run did not resume at the kept checkpoint"
+    counts = Counter(i for step in union for i in step)
+    assert counts == Counter({i: 2 for i in samples}), f"trained twice or skipped over the restart: {counts}"
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0]), "the ranks' adapters differ"
+    cfg = job(29555)  # only its training settings are read
+    ref = _peft_replay(tiny_model, cfg=cfg.lora, init=init, batches=union, samples=samples, lr=cfg.lr,
+                       weight_decay=cfg.weight_decay, dtype=torch.float32, device="cpu")
+    worst = max((finals[0][k].float() - ref[k]).abs().max().item() / max(ref[k].abs().max().item(), 1e-12)
+                for k in ref)
+    assert worst <= TOL, f"adapter after the restart differs from PEFT on the union by {worst:.3g}"

@@ -307,7 +307,10 @@ def _serve(spec: _ChildSpec, trainer: Any, exch: Any, cmd: tuple[str, int, Any],
         ctl[_STATE] = _SAVING
         if exch is not None:
             # the adapter holds every global step before this one: a restart replays from here
-            payload = {**payload, "dp": {"seq": exch.seq, "rank": exch.rank}}
+            # and the own samples of global steps after the controller's sample state (``pool_seq``): the backward
+            # can be ahead of the controller, and a whole-job restart must not train those samples again
+            after = exch.own_ids_after(int(payload.get("pool_seq", exch.seq)))
+            payload = {**payload, "dp": {"seq": exch.seq, "rank": exch.rank, "own_after_pool": after}}
         try:
             if not spec.checkpoint_dir:
                 raise ValueError("this BackwardProcess has no checkpoint_dir")

@@ -244,9 +244,11 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
             hang_timeout_s=self.hang_timeout_s, torch_threads=self.backward_threads, data_parallel=self.dp)
         self.backward.start(resume=self.resume_from_checkpoint)
         ready = self.backward.wait_ready()
-        if ready.extra.get("pool") and self.dp is None:  # a rank's share restarts with the store (docs/scaling.md)
+        if ready.extra.get("pool") and self.dp is None:
             self.pool.load_state_dict(ready.extra["pool"])
             log.info("resumed fine-tuning from checkpoint at step %d (%s)", ready.step, self.pool.progress_line())
+        elif ready.extra.get("pool"):
+            self._dp_resume_pool(ready)
         if ready.extra.get("cancelled_at") is not None:
             self._resume_cancelled(ready.step, int(ready.extra["cancelled_at"]))
         self.stats.adapter_step = ready.step

@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -170,19 +171,39 @@ class RankPool:
     is trained. A rank moves to the next epoch once the global cursor is past the end of the epoch and its own
     samples of it are done (so one sample id is never in flight twice on one rank); other ranks may still be
     training the end of the earlier epoch meanwhile. Not thread-safe, like the pool it stands in for.
+
+    A whole-job restart (every rank resumes from its checkpoint onto a new store) goes on where the job was, not from
+    epoch 0: :meth:`resume` posts what this rank's checkpoint says was trained, and once every rank's post is in the
+    new store, each rank computes the same remainder of every epoch (the epoch's order less what any rank trained)
+    and claims from it. Until then this rank admits nothing (its engine serves on).
     """
 
+    #: how long a resuming rank waits for the other ranks' posts before it goes on with the ones it has
+    resume_wait_s: float = 120.0
+
     def __init__(self, samples: Sequence[FineTuneSample], store: Any, *, rank: int, claim_samples: int,
-                 epochs: int = 1, seed: int = 0, shuffle: bool = True, fingerprint: str | None = None) -> None:
+                 epochs: int = 1, seed: int = 0, shuffle: bool = True, fingerprint: str | None = None,
+                 world_size: int = 1) -> None:
         # The single replica's pool gives the global order (and the fingerprint); its own admission state is unused.
         self._order_src = FinetunePool(samples, epochs=epochs, seed=seed, shuffle=shuffle, fingerprint=fingerprint)
         self._by_id = {s.sample_id: s for s in samples}
         self._store = store
         self.rank = rank
+        self.world_size = world_size
         self.claim_samples = claim_samples
         self.epochs = epochs
         self._n = len(samples)
+        # the store's name: a checkpoint taken under another store comes from before a whole-job restart (the first
+        # rank to connect names it, the others read that name)
+        self.store_id = _text(self._store.compare_set("store_id", "", os.urandom(8).hex()))
         self._epoch = 0
+        #: epoch -> ids known trained in it: this rank's, and after a whole-job restart every rank's before it
+        self._trained: dict[int, set[int]] = {}
+        #: epoch -> what is left of its order after a whole-job restart (absent: the whole order)
+        self._remaining: dict[int, list[int]] = {}
+        self._resume_post: dict[str, Any] | None = None  # posted; waiting for the other ranks' posts
+        self._resume_deadline = 0.0
+        self._resume_checked = 0.0
         self._order: list[int] = self._order_src.epoch_order(0)
         self._exhausted = False  # the global cursor of this epoch is past its end
         self._finished = False
@@ -199,10 +220,10 @@ class RankPool:
         """Take the next run of the epoch's global order; False when the epoch has none left."""
         end = int(self._store.add(f"claim/e{self._epoch}", self.claim_samples))
         start = end - self.claim_samples
-        if start >= self._n:
+        if start >= len(self._order):
             self._exhausted = True
             return False
-        end = min(end, self._n)
+        end = min(end, len(self._order))
         self.claims.append((self._epoch, start, end))
         for pos in range(start, end):
             base = self._by_id[self._order[pos]]
@@ -213,6 +234,8 @@ class RankPool:
         return True
 
     def _refill(self) -> None:
+        if self._resume_post is not None and not self._resume_merged():
+            return
         while len(self._admissible) * 2 < self.claim_samples and not self._finished:
             if not self._exhausted:
                 if self._claim_run():
@@ -223,9 +246,12 @@ class RankPool:
                 self._finished = True
                 return
             self._epoch += 1
-            self._order = self._order_src.epoch_order(self._epoch)
+            self._order = self._epoch_order(self._epoch)
             self._exhausted = False
             self._done_in_epoch.clear()
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        return self._remaining[epoch] if epoch in self._remaining else self._order_src.epoch_order(epoch)
 
     # -- AdmissionPool -----------------------------------------------------------------------------------------
 
@@ -266,8 +292,9 @@ class RankPool:
         if bad:
             raise ValueError(f"cannot complete samples {bad}: not in flight on rank {self.rank}")
         for sid in ids:
-            tokens, _, _ = self._in_flight.pop(sid)
+            tokens, _, sample = self._in_flight.pop(sid)
             self._done_in_epoch.add(sid)
+            self._trained.setdefault(sample.epoch, set()).add(sid)
             self._completed_total += 1
             self._tokens_completed += tokens
         self._refill()
@@ -283,7 +310,8 @@ class RankPool:
 
     @property
     def finished(self) -> bool:
-        """This rank has nothing left to train: every epoch's global order is claimed and its own share done."""
+        """This rank has nothing left to train: every epoch's global order is claimed and its own share done (never
+        while a resume waits for the other ranks' posts)."""
         self._refill()
         return self._finished
 
@@ -293,7 +321,7 @@ class RankPool:
 
     def progress(self) -> dict[str, Any]:
         """This rank's share, plus the job's claim cursor of the current epoch (how much of it all ranks took)."""
-        claimed = min(self._n, int(self._store.add(f"claim/e{self._epoch}", 0)))
+        claimed = self._n - len(self._order) + min(len(self._order), int(self._store.add(f"claim/e{self._epoch}", 0)))
         total = self.epochs * self._n
         return {"epoch": self._epoch, "epochs": self.epochs, "finished": self._finished,
                 "samples_per_epoch": self._n, "in_pool": len(self._admissible), "in_flight": len(self._in_flight),
@@ -310,16 +338,75 @@ class RankPool:
 
     def state_dict(self) -> dict[str, Any]:
         """What this rank had trained and held (saved with its checkpoints, for the operator and for a resume)."""
-        return {"version": 1, "kind": "rank_pool", "rank": self.rank, "fingerprint": self._order_src.fingerprint(),
-                "epoch": self._epoch, "done_in_epoch": sorted(self._done_in_epoch),
+        return {"version": 2, "kind": "rank_pool", "rank": self.rank, "fingerprint": self._order_src.fingerprint(),
+                "store_id": self.store_id, "epoch": self._epoch, "done_in_epoch": sorted(self._done_in_epoch),
                 "held": sorted([e[2].sample_id for e in self._admissible] + list(self._in_flight)),
+                "trained": {str(e): sorted(ids) for e, ids in sorted(self._trained.items())},
                 "samples_completed": self._completed_total, "tokens_completed": self._tokens_completed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Refused: a data-parallel job resumes through the store (see docs/scaling.md, what is not done)."""
-        raise ValueError("resuming a data-parallel job's sample order from a checkpoint is not supported yet: the "
-                         "adapter resumes and replays from the store, the sample order restarts with a fresh store "
-                         "(docs/scaling.md)")
+        """Refused: a rank resumes through :meth:`resume` (the other ranks' posts decide what is left)."""
+        raise ValueError("a data-parallel rank's sample order resumes through RankPool.resume, not load_state_dict")
+
+    def resume(self, state: Mapping[str, Any], trained_after: Iterable[int] = ()) -> bool:
+        """Resume from the ``state_dict`` this rank's checkpoint holds, ``trained_after``: ids of this rank trained
+        into global steps the checkpoint's adapter holds but ``state`` was taken before (the backward process was
+        ahead of the controller when it saved). Returns False (nothing done) when ``state`` was taken under this
+        same store: a rank rejoining a running job, whose claims the store still counts. Otherwise posts what the
+        checkpoint says was trained; :meth:`_refill` merges the ranks' posts once all are in (or ``resume_wait_s``
+        passed). ``ValueError`` when the checkpoint is of another dataset or order."""
+        if state.get("kind") != "rank_pool" or int(state.get("version", 0)) < 2:
+            raise ValueError("this checkpoint's sample state is not a data-parallel rank's of this version: the "
+                             "adapter resumes, the sample order cannot")
+        if state.get("fingerprint") != self._order_src.fingerprint():
+            raise ValueError("this checkpoint was trained on another dataset, seed or number of epochs: it cannot "
+                             "resume this job's sample order")
+        if state.get("store_id") == self.store_id:
+            return False
+        trained = {int(e): set(map(int, ids)) for e, ids in (state.get("trained") or {}).items()}
+        trained.setdefault(int(state["epoch"]), set()).update(int(i) for i in trained_after)
+        self._completed_total = int(state.get("samples_completed", 0))
+        self._tokens_completed = int(state.get("tokens_completed", 0))
+        self._resume_post = {"epoch": int(state["epoch"]), "trained": {str(e): sorted(v) for e, v in trained.items()}}
+        self._store.set(f"resume/{self.rank}", json.dumps(self._resume_post))
+        self._resume_deadline = time.monotonic() + self.resume_wait_s
+        return True
+
+    def _resume_merged(self) -> bool:
+        """Whether the resume's merge is done: once every rank's post is in (checked every 0.2 s), or the wait ran
+        out, every rank's remainder of each epoch is computed from the same posts, so the ranks' claims cover it."""
+        now = time.monotonic()
+        if now - self._resume_checked < 0.2:
+            return False
+        self._resume_checked = now
+        keys = [f"resume/{r}" for r in range(self.world_size)]
+        present = [k for k in keys if self._store.check([k])]
+        if len(present) < len(keys) and now < self._resume_deadline:
+            return False
+        if len(present) < len(keys):
+            log.warning("rank %d: no resume post from %s after %.0f s; going on with the others' (samples only those "
+                        "ranks trained since the start of their epoch may be trained again)", self.rank,
+                        sorted(set(keys) - set(present)), self.resume_wait_s)
+        posts = [json.loads(_text(self._store.get(k))) for k in present]
+        first = min(int(p["epoch"]) for p in posts)
+        trained: dict[int, set[int]] = {}
+        for p in posts:
+            for e, ids in p["trained"].items():
+                trained.setdefault(int(e), set()).update(ids)
+        self._trained = {e: ids for e, ids in trained.items() if e >= first}
+        self._remaining = {e: [i for i in self._order_src.epoch_order(e) if i not in trained.get(e, ())]
+                           for e in range(first, self.epochs)}
+        self._epoch, self._order = first, self._remaining[first]
+        self._exhausted = False
+        self._done_in_epoch.clear()
+        self._resume_post = None
+        log.info("rank %d resumed the sample order from the ranks' checkpoints: epoch %d/%d, %d of its samples left "
+                 "to train by all ranks", self.rank, first + 1, self.epochs, len(self._order))
+        return True
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 # ---------------------------------------------------------------------------------------------- global steps
@@ -391,6 +478,8 @@ class GradientExchange:
         self._beats = 0
         self._last_beat = 0.0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat counter, monotonic time it last changed)
+        #: (global step, this rank's sample ids in it) of the steps this process applied with a part of its own
+        self.recent_own: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=4096)
 
     # -- liveness ----------------------------------------------------------------------------------------------
 
@@ -468,7 +557,14 @@ class GradientExchange:
         result = self.combine(seq, decision)
         self.seq = seq + 1
         self._prune(seq)
+        if result.own_included and mine.sample_ids:
+            self.recent_own.append((seq, tuple(mine.sample_ids)))
         return result
+
+    def own_ids_after(self, seq: int) -> list[int]:
+        """This rank's sample ids trained into the global steps after ``seq`` (of the last ``maxlen`` such steps):
+        a checkpoint holds them although the controller's sample state it carries was taken at ``seq``."""
+        return [i for s, ids in self.recent_own if s > seq for i in ids]
 
     def combine(self, seq: int, ranks: Sequence[int]) -> ExchangeResult:
         """The decided step ``seq`` from the store: included contributions summed in rank order (fp32), divided by
@@ -608,7 +704,25 @@ class DataParallelMixin:
         ds = self.dataset  # type: ignore[attr-defined]
         self.pool = RankPool(ds.samples, self._dp_store, rank=self.dp.rank,
                              claim_samples=self.dp.spec.claim_samples, epochs=ds.config.epochs, seed=ds.config.seed,
-                             shuffle=ds.config.shuffle, fingerprint=ds.fingerprint)
+                             shuffle=ds.config.shuffle, fingerprint=ds.fingerprint, world_size=self.dp.world_size)
+
+    def _dp_resume_pool(self, ready: Any) -> None:
+        """The rank's backward resumed from a checkpoint: resume the sample order from it too (see
+        :meth:`RankPool.resume`); a checkpoint it cannot resume from leaves the order where a fresh job starts."""
+        assert self.dp is not None
+        after = (ready.extra.get("dp") or {}).get("own_after_pool", ())
+        try:
+            posted = self.pool.resume(ready.extra["pool"], after)  # type: ignore[attr-defined]
+        except ValueError as exc:
+            log.warning("rank %d: %s; its samples are claimed as in a fresh job", self.dp.rank, exc)
+            return
+        if posted:
+            log.info("rank %d resumes from its checkpoint at step %d: fine-tuning waits for every rank's checkpoint "
+                     "(up to %.0f s) to learn what is left of the epoch", self.dp.rank, ready.step,
+                     self.pool.resume_wait_s)  # type: ignore[attr-defined]
+        else:
+            log.warning("rank %d rejoins the running job (same store): its sample state is the store's; samples it "
+                        "held when its process stopped are not claimed again", self.dp.rank)
 
     def _dp_dispatch(self, record: Any) -> None:
         """Send a step's captures to the backward as a part on the adapter they were forwarded with; captures whose

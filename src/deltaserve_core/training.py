@@ -216,6 +216,8 @@ class TrainingMixin:
 
         # the job's shape goes with the pool, so the next start can refuse an incompatible job before it starts
         extra: dict[str, Any] = {"pool": self.pool.state_dict(), "job": resume_fields(self.job)}
+        if self.dp is not None:  # the global step the sample state is at (the backward may be ahead)
+            extra["pool_seq"] = int((self._dp_last or {}).get("seq", -1))
         if self._cancel_requested_at is not None:
             # A cancel is final (as in OpenAI's API): every checkpoint from the cancel's on says so, and a restarted
             # server that resumes from one keeps the job cancelled instead of training on from the job file.
