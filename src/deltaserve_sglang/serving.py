@@ -274,8 +274,12 @@ class ServeRuntime(EngineRuntime):
             self.preflight_job(self.job)
 
     def preflight_job(self, job: JobConfig) -> None:
+        from deltaserve_core.job_config import JobConfigError
         from deltaserve_core.preflight import check_job
 
+        problems = _lora_target_problems(job, self.scheduler.server_args)
+        if problems:
+            raise JobConfigError(f"job config: {problems[0]}")
         check_job(job, self.serve_host.config.model, max_lora_rank=self.serve_host.config.max_lora_rank,
                   how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
 
