@@ -98,3 +98,38 @@ def test_the_settings_name_their_key() -> None:
         JobsSettings.from_mapping({"data_dir": "/no/such/folder"}, base=Path("/"), where="jobs")
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['data'\]"):
         JobsSettings.from_mapping({"data": "/"}, base=Path("/"), where="jobs")
+
+
+class _Running:
+    """A job as the runtime sees it, still running (the 409 case)."""
+
+    job_id = "ftjob-declared"
+
+    def refresh(self) -> None:
+        pass
+
+    def job_status(self) -> dict[str, Any]:
+        return {"object": "fine_tuning.job", "id": self.job_id, "status": "running"}
+
+
+def test_the_runtime_refuses_a_create_it_cannot_run(settings: JobsSettings) -> None:
+    from deltaserve_core.runtime import EngineRuntime
+
+    body = {"model": MODEL, "training_file": "train.json"}
+
+    def create(runtime: EngineRuntime) -> dict[str, Any]:
+        answer = runtime.job_call("create", {"body": body})
+        assert "error" in answer, answer
+        return answer
+
+    off = JobsSettings(None, settings.dir, how_to_enable="set DATA_DIR=/data")
+    answer = create(EngineRuntime(None, engine="test", grace_s=1, jobs=off, served_models=(MODEL,)))
+    assert answer["status"] == 403 and "set DATA_DIR=/data" in answer["error"]["message"]
+    answer = create(EngineRuntime(None, engine="test", grace_s=1, jobs=settings, served_models=(MODEL,), engines=2))
+    assert answer["status"] == 501 and answer["error"]["code"] == "create_unsupported_data_parallel"
+    runtime = EngineRuntime(None, engine="test", grace_s=1, jobs=settings, served_models=(MODEL,))
+    runtime.coserver = _Running()
+    answer = create(runtime)
+    assert answer["status"] == 409 and "one fine-tuning job at a time" in answer["error"]["message"]
+    assert "later step" in answer["error"]["message"] and not settings.dir.exists()  # nothing written
+    assert runtime.job_call("list")["result"][0]["metadata"] is None  # the declared job has none

@@ -1,5 +1,6 @@
-"""Creating a fine-tuning job over HTTP: OpenAI's create body turned into a :class:`~deltaserve_core.job_config.JobConfig`,
-checked against the server's settings, and kept on disk so a restarted server resumes it.
+"""Creating a fine-tuning job over HTTP: OpenAI's create body turned into a
+:class:`~deltaserve_core.job_config.JobConfig`, checked against the server's settings, and kept on disk so a
+restarted server resumes it.
 
 Engine-agnostic, no torch: the engine's runtime (:class:`~deltaserve_core.runtime.EngineRuntime`) calls
 :func:`job_from_request` in the process that owns the job, then :func:`save_created` once the job's dataset

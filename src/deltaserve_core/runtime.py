@@ -278,9 +278,11 @@ class EngineRuntime:
         priced by the latency model the previous job ended with, else the stored profile."""
         latency = previous.model if previous is not None else None
         if latency is None:
+            host: Any = self.host
+            command = (self._start_options["calibrate_command"]
+                       or f"deltaserve calibrate --host {self.engine} --model {host.model_spec().path}")
             try:
-                latency = stored_latency_model(self.host, self._start_options["calibrate_command"] or (  # type: ignore[arg-type]
-                    f"deltaserve calibrate --host {self.engine} --model {self.host.model_spec().path}"))  # type: ignore[union-attr]
+                latency = stored_latency_model(host, command)
             except MissingCalibrationError as exc:
                 raise JobCallError(409, str(exc), code="calibration_missing") from None
         try:

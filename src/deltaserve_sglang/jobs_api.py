@@ -21,10 +21,11 @@ payloads are JSON text, so no field type of SGLang's IPC schema constrains them.
 
 Auth: SGLang's ``--api-key``/``--admin-api-key`` middleware is an ASGI middleware over the whole app that looks up
 each request's route in ``app.router.routes`` (``sglang.srt.utils.auth``), so it covers these routes as it covers
-SGLang's own. Reads are ``AuthLevel.NORMAL`` (``--api-key``); create, pause, resume and cancel are ``ADMIN_OPTIONAL``, as
-SGLang marks its own state-changing endpoints (``/set_internal_state``): with ``--admin-api-key`` they need that
-key. SGLang adds the middleware only in single-tokenizer mode; with ``--tokenizer-worker-num`` > 1 the routes are
-not mounted (the workers re-import the app in other processes), and a warning says so.
+SGLang's own. Reads are ``AuthLevel.NORMAL`` (``--api-key``); create, pause, resume and cancel are
+``ADMIN_OPTIONAL``, as SGLang marks its own state-changing endpoints (``/set_internal_state``): with
+``--admin-api-key`` they need that key. SGLang adds the middleware only in single-tokenizer mode; with
+``--tokenizer-worker-num`` > 1 the routes are not mounted (the workers re-import the app in other processes), and
+a warning says so.
 """
 
 from __future__ import annotations

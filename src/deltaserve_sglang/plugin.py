@@ -88,7 +88,8 @@ def _prepare_server_args(original: Callable[..., Any], *args: Any, **kwargs: Any
     # `sglang.launch_server` parses its command line here, right after its imports and before it imports the
     # HTTP server and spawns the scheduler that loads the model: the earliest point a bad job can be refused.
     # Only this launcher serves HTTP (sgl.Engine has no server), so the jobs routes are mounted here, once the job
-    # (or the jobs settings without one) is accepted and before SGLang's launcher adds its API-key middleware and starts uvicorn.
+    # (or jobs settings without a job) is accepted and before SGLang's launcher adds its API-key middleware and
+    # starts uvicorn.
     server_args = original(*args, **kwargs)
     if _preflight(server_args):
         from .jobs_api import attach_http_routes

@@ -50,7 +50,8 @@ from deltaserve_core.runtime import EngineRuntime
 from .host import SglangHost
 from .versions import check_supported_sglang
 
-__all__ = ["ENV_GRACE", "ENV_JOB", "ENV_JOBS_DATA_DIR", "ENV_JOBS_DIR", "ServeHost", "enabled", "jobs_settings", "ServeRuntime", "preflight", "server_args_problems",
+__all__ = ["ENV_GRACE", "ENV_JOB", "ENV_JOBS_DATA_DIR", "ENV_JOBS_DIR", "ServeHost", "enabled",
+           "jobs_settings", "ServeRuntime", "preflight", "server_args_problems",
            "shutdown_grace_s", "start_serving", "extend_scheduler_exit_timeout", "stop_schedulers_first"]
 
 log = logging.getLogger("deltaserve.sglang")

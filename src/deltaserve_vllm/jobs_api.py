@@ -8,7 +8,7 @@ with ``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` (the engine side, :mod:`.plugin
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
     GET  /v1/fine_tuning/jobs                       list (``data``, ``has_more``)
-    POST /v1/fine_tuning/jobs                       create (OpenAI's body; one job at a time; not under data parallelism)
+    POST /v1/fine_tuning/jobs                       create (one job at a time; not under data parallelism)
     GET  /v1/fine_tuning/jobs/{id}                  one job (``fine_tuning.job``)
     POST /v1/fine_tuning/jobs/{id}/pause|resume|cancel
     GET  /v1/fine_tuning/jobs/{id}/events?after=&limit=       newest first, paged
