@@ -20,7 +20,7 @@ JOBS = [{"object": "fine_tuning.job", "id": f"ftjob-{n}", "status": "running"} f
 
 
 def _client(answers: dict[str, Any], calls: list[tuple[str, dict[str, Any]]] | None = None,
-            mark: Any = None) -> TestClient:
+            mark: Any = None, on_created: Any = None) -> TestClient:
     async def call(op: str, args: dict[str, Any]) -> dict[str, Any]:
         if calls is not None:
             calls.append((op, args))
@@ -30,7 +30,7 @@ def _client(answers: dict[str, Any], calls: list[tuple[str, dict[str, Any]]] | N
         return answer
 
     app = FastAPI()
-    app.include_router(build_jobs_router(call, create_refusal="declared at start-up", mark=mark))
+    app.include_router(build_jobs_router(call, mark=mark, on_created=on_created))
     return TestClient(app)
 
 
@@ -56,8 +56,22 @@ def test_calls_carry_their_arguments_and_errors_keep_openai_shape() -> None:
     body = client.get("/v1/fine_tuning/jobs/ftjob-x/events", params={"after": "ftevent-9", "limit": "1"}).json()
     assert body == {"object": "list", "data": [{"id": "ftevent-3"}], "has_more": True}
     assert calls == [("get", {"id": "ftjob-x"}), ("events", {"after": "ftevent-9", "limit": "1", "id": "ftjob-x"})]
-    reply = client.post("/v1/fine_tuning/jobs")
-    assert reply.status_code == 501 and reply.json()["error"]["code"] == "jobs_declared_at_startup"
+
+
+def test_create_hands_the_body_to_the_engine_and_the_new_job_to_the_adapter() -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+    created: list[dict[str, Any]] = []
+    refused = error_answer(409, "one job at a time", code="job_active")
+    client = _client({"create": {"result": JOBS[0]}}, calls, on_created=created.append)
+    body = {"model": "m", "training_file": "train.jsonl", "suffix": "a"}
+    reply = client.post("/v1/fine_tuning/jobs", json=body)
+    assert reply.status_code == 200 and reply.json() == JOBS[0] and created == [JOBS[0]]
+    assert calls == [("create", {"body": body})]
+    reply = client.post("/v1/fine_tuning/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json" and len(calls) == 1
+    client = _client({"create": refused}, on_created=created.append)
+    reply = client.post("/v1/fine_tuning/jobs", json=body)
+    assert reply.status_code == 409 and reply.json()["error"]["code"] == "job_active" and len(created) == 1
 
 
 @pytest.mark.parametrize("op", CONTROL_OPS)

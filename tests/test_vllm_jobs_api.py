@@ -4,13 +4,18 @@ One module-scoped server (the API server and the EngineCore in separate processe
 ``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` and ``--api-key``, running a job long enough not to end by itself.
 The tests run in file order on it: list and get show the job training; every route needs the key; pause stops the
 trained-token count (compared across polls, never timed), resume makes it grow again; events page; checkpoints
-are listed; the ``deltaserve jobs`` CLI reads the same server; cancel ends the job with a final checkpoint.
-Completions are served throughout.
+are listed; the ``deltaserve jobs`` CLI reads the same server; a create while the job runs is refused (409);
+cancel ends the job with a final checkpoint. The server also has a data directory for jobs created over HTTP
+(``"jobs": {"data_dir": "data"}`` next to ``"job"``): once the declared job is cancelled, bad creates are refused
+naming the field (a training file outside the data directory among them), a created job trains, publishes and
+succeeds, and a second created job survives a restart of the server with the same command line, resuming from its
+checkpoint. Completions are served throughout.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -45,11 +50,26 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      checkpoint="{dir: ckpt, every_steps: 3, keep: 50}", publish="{policy: on_checkpoint}")
 
 
+def _with_data_dir(command: list[str]) -> list[str]:
+    """``command`` with ``"jobs": {"data_dir": "data"}`` added to its ``--additional-config "deltaserve"``."""
+    words = list(command)
+    at = words.index("--additional-config") + 1
+    extra = json.loads(words[at])
+    extra["deltaserve"]["jobs"] = {"data_dir": "data"}
+    words[at] = json.dumps(extra)
+    return words
+
+
 @pytest.fixture(scope="module")
 def server(job: Path, tiny_model: Path, calibrated: list[str]) -> Iterator[dict]:  # noqa: F811
-    # the server line calibration prints (as an operator copies it), with the jobs routes switched on
+    # the server line calibration prints (as an operator copies it), with the jobs routes switched on and a data
+    # directory for created jobs (relative to the server's working directory, the job's folder)
+    (job.parent / "data").mkdir()
+    shutil.copy(job.parent / "data.json", job.parent / "data" / "train.json")
     env = dict(_env(job.parent), VLLM_PLUGINS="deltaserve,deltaserve_jobs")
-    info = _start(job, tiny_model, calibrated, env, "server.log", "--api-key", API_KEY)
+    command = _with_data_dir(calibrated)
+    info = _start(job, tiny_model, command, env, "server.log", "--api-key", API_KEY)
+    info.update(command=command, env=env, job=job, tiny_model=tiny_model)
     yield info
     _stop(info["proc"])
 
@@ -58,16 +78,17 @@ def _api(server: dict, method: str, path: str, key: str | None = API_KEY) -> tup
     return http_json(method, f"{server['base']}/v1/fine_tuning/jobs{path}", key=key)
 
 
-def _job(server: dict) -> dict:
-    status, body = _api(server, "GET", f"/{JOB_ID}")
+def _job(server: dict, job_id: str = JOB_ID) -> dict:
+    status, body = _api(server, "GET", f"/{job_id}")
     assert status == 200, body
     return body
 
 
-def _wait_for(server: dict, cond: Callable[[dict], bool], what: str, timeout: float = 300.0) -> dict:
+def _wait_for(server: dict, cond: Callable[[dict], bool], what: str, timeout: float = 300.0,
+              job_id: str = JOB_ID) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        job = _job(server)
+        job = _job(server, job_id)
         if cond(job):
             return job
         assert server["proc"].poll() is None, server["log"].read_text()[-4000:]
@@ -98,10 +119,9 @@ def test_every_route_needs_the_api_key(server: dict) -> None:
         for key in (None, "wrong-" + API_KEY):
             status, body = _api(server, method, path, key=key)
             assert status == 401, (method, path, key is None, body)
-    assert _job(server)["status"] == "running"  # the refused pause and cancel did nothing
-    status, body = _api(server, "POST", "")
-    assert status == 501 and "declared when it started" in body["error"]["message"], body
-    assert body["error"]["code"] == "jobs_declared_at_startup"
+    assert _job(server)["status"] == "running"  # the refused pause, cancel and create did nothing
+    status, body = _api(server, "POST", "")  # with the key, but no body
+    assert status == 400 and body["error"]["code"] == "invalid_json", body
     status, body = _api(server, "GET", "/ftjob-nope")
     assert status == 404 and body["error"]["code"] == "job_not_found", body
 
@@ -169,6 +189,24 @@ def test_the_cli_reads_the_server(server: dict) -> None:
     assert refused.returncode == 2 and "401" in refused.stderr, refused.stderr
 
 
+def _create_body(server: dict, **over: Any) -> dict:
+    return {"model": server["model"], "training_file": "train.json", "suffix": "created",
+            "hyperparameters": {"n_epochs": 1, "batch_size": 48},
+            "deltaserve": {"max_length": 64, "buffer_tokens": 512, "slo": {"ttft_s": 5.0, "tpot_s": 1.0},
+                           "checkpoint": {"every_steps": 2}, "publish": {"policy": "on_checkpoint"}}, **over}
+
+
+def _create(server: dict, body: dict) -> tuple[int, Any]:
+    return http_json("POST", f"{server['base']}/v1/fine_tuning/jobs", body, key=API_KEY)
+
+
+def test_a_create_while_the_job_runs_is_refused(server: dict) -> None:
+    status, body = _create(server, _create_body(server))
+    assert status == 409 and body["error"]["code"] == "job_active", body
+    assert "one fine-tuning job at a time" in body["error"]["message"] and "cancel it" in body["error"]["message"]
+    assert _job(server)["status"] == "running"
+
+
 def test_cancel_ends_the_job_with_a_final_checkpoint(server: dict) -> None:
     status, body = _api(server, "POST", f"/{JOB_ID}/cancel")
     assert status == 200 and body["status"] in ("running", "cancelled"), body
@@ -186,4 +224,57 @@ def test_cancel_ends_the_job_with_a_final_checkpoint(server: dict) -> None:
     assert status == 409 and body["error"]["code"] == "job_not_active", body
     watch = _cli(server, "watch", "--interval", "0.5")  # an ended job: one line, then it returns
     assert watch.returncode == 0 and "cancelled" in watch.stdout, watch.stderr
+    _served(server)
+
+
+def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
+    for over, status_code, param, words in (
+            ({"model": "other-model"}, 400, "model", "'other-model' is not served here"),
+            ({"training_file": "../data.json"}, 403, "training_file", "outside the server's data directory"),
+            ({"training_file": "nope.json"}, 400, "training_file", "not a file"),
+            ({"deltaserve": {"lora": {"rr": 4}}}, 400, "deltaserve.lora.rr", "did you mean 'r'"),
+            ({"deltaserve": {"lora": {"r": 64}}}, 400, "deltaserve.lora.r", "--max-lora-rank"),
+            ({"hyperparameters": {"n_epochs": 0}}, 400, "hyperparameters.n_epochs", "got 0")):
+        status, body = _create(server, _create_body(server, **over))
+        assert status == status_code and body["error"]["param"] == param, (over, body)
+        assert words in body["error"]["message"], (over, body)
+    assert [j["id"] for j in _api(server, "GET", "")[1]["data"]] == [JOB_ID]  # nothing started
+
+
+def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
+    status, job = _create(server, _create_body(server, metadata={"team": "search"}))
+    assert status == 200 and job["id"] == "ftjob-created", job
+    assert job["status"] in ("validating_files", "queued", "running") and job["metadata"] == {"team": "search"}
+    assert job["hyperparameters"]["n_epochs"] == 1 and job["hyperparameters"]["batch_size"] == 48
+    assert job["training_file"].endswith("data/train.json") and job["user_provided_suffix"] == "created"
+    status, listed = _api(server, "GET", "")
+    assert status == 200 and [j["id"] for j in listed["data"]] == ["ftjob-created"], listed
+    done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed",
+                     job_id="ftjob-created")
+    assert done["trained_tokens"] > 0 and done["fine_tuned_model"], done
+    status, events = _api(server, "GET", "/ftjob-created/events?limit=1000")
+    assert any("created over HTTP" in e["message"] for e in events["data"]), events
+    status, body = _complete(server["base"], "created@latest", PROMPTS[1])  # its versions are served by name
+    assert status == 200 and body["model"].startswith("created@v"), body
+    _served(server)
+
+
+def test_a_restarted_server_resumes_the_created_job(server: dict) -> None:
+    created = _cli(server, "create", "--model", server["model"], "--training-file", "train.json", "--suffix",
+                   "resumed", "--n-epochs", "200", "--batch-size", "48", "--metadata", "run=restart",
+                   "--deltaserve", json.dumps({"max_length": 64, "buffer_tokens": 512, "checkpoint": {"every_steps": 3},
+                                               "slo": {"ttft_s": 5.0, "tpot_s": 1.0}}), "--json")
+    assert created.returncode == 0, created.stderr
+    before = json.loads(created.stdout)
+    assert before["id"] == "ftjob-resumed" and before["metadata"] == {"run": "restart"}, before
+    trained = _wait_for(server, lambda j: j["deltaserve"]["step"] >= 3, "a checkpoint", job_id="ftjob-resumed")
+    _stop(server["proc"])  # SIGINT: the final checkpoint
+    server.update(_start(server["job"], server["tiny_model"], server["command"], server["env"], "restart.log",
+                         "--api-key", API_KEY))
+    job = _wait_for(server, lambda j: j["status"] == "running", "the resumed job", job_id="ftjob-resumed")
+    assert job["deltaserve"]["step"] >= trained["deltaserve"]["step"], (job, trained)
+    assert job["created_at"] == before["created_at"] and job["metadata"] == {"run": "restart"}
+    assert [j["id"] for j in _api(server, "GET", "")[1]["data"]] == ["ftjob-resumed"]
+    events = _api(server, "GET", "/ftjob-resumed/events?limit=1000")[1]["data"]
+    assert any("resumed from the checkpoint" in e["message"] for e in events), events
     _served(server)

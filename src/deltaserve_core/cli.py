@@ -6,7 +6,7 @@
     deltaserve calibrate --host H --model M  profile the host and fit the latency model
     deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
     deltaserve bench [--host H] [--trace T] [--systems all]  compare co-serving policies on one trace
-    deltaserve jobs list|get|pause|resume|cancel|events|watch --server URL  a server's fine-tuning jobs
+    deltaserve jobs create|list|get|pause|resume|cancel|events|watch --server URL  a server's fine-tuning jobs
     deltaserve --version                   this package's version and the engines installed beside it
 
 ``--help`` and ``--version`` import neither torch nor an engine (seconds each on a loaded machine): sub-commands
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .jobs_client import add_jobs_arguments  # standard library only: cheap for --help
 
-    p = sub.add_parser("jobs", help="list, watch, pause, resume or cancel a server's fine-tuning jobs")
+    p = sub.add_parser("jobs", help="create, list, watch, pause, resume or cancel a server's fine-tuning jobs")
     add_jobs_arguments(p)
     p.set_defaults(func=_cmd_jobs)
     return parser

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from .hostkit import parse_published_name
+from .hostkit import parse_published_name, publish_dir
 from .job_control import EventLog, JobCallError, job_id
 
 __all__ = ["JobStatusMixin"]
@@ -209,7 +209,7 @@ class JobStatusMixin:
                 "lora": {"r": lora.r, "alpha": lora.lora_alpha, "target_modules": list(lora.target_modules),
                          "dropout": lora.lora_dropout},
                 "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps,
-                            "keep": job.checkpoint.keep},
+                            "keep": job.checkpoint.keep, "dir": str(publish_dir(job))},
                 "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
                 "published": [self._published_log.get(n, {"name": n, "step": (parse_published_name(n) or (None, None))[1], "loss": None,
                                                           "created_at": None}) for n in self.stats.published],

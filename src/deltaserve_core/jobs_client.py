@@ -1,5 +1,8 @@
 """``deltaserve jobs``: the operator's client of a server's fine-tuning jobs API (``/v1/fine_tuning/jobs``).
 
+    deltaserve jobs create  --model M --training-file F [--suffix S] [--n-epochs N] [--learning-rate-multiplier X]
+                            [--batch-size TOKENS] [--seed N] [--metadata K=V ...] [--deltaserve JSON|@FILE]
+                            --server URL            start a job (the server's previous one must have ended)
     deltaserve jobs list    --server URL            the jobs, one line each
     deltaserve jobs get     [ID] --server URL       one job as JSON
     deltaserve jobs pause|resume|cancel [ID] ...    the operator's controls (prints the job's status)
@@ -22,7 +25,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
-__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "progress_line", "run_jobs"]
+__all__ = ["JobsClient", "JobsClientError", "add_jobs_arguments", "create_body", "progress_line", "run_jobs"]
 
 _ENDED = ("succeeded", "failed", "cancelled")
 
@@ -41,15 +44,16 @@ class JobsClient:
         self.api_key = api_key
         self.timeout_s = timeout_s
 
-    def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None) -> Any:
         url = f"{self.base}/v1/fine_tuning/jobs{path}"
         params = {k: v for k, v in (query or {}).items() if v is not None}
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(url, method=method, headers=headers, data=b"" if method == "POST" else None)
+        data = json.dumps(body).encode() if body is not None else b"" if method == "POST" else None
+        req = urllib.request.Request(url, method=method, headers=headers, data=data)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read() or b"null")
@@ -58,6 +62,10 @@ class JobsClient:
         except (urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise JobsClientError(f"cannot reach {self.base}: {reason}") from None
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Start a job from OpenAI's create ``body`` (DeltaServe's own keys under ``deltaserve``)."""
+        return dict(self.request("POST", "", body=body))
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "")["data"])
@@ -147,11 +155,44 @@ def _list_line(job: dict[str, Any]) -> str:
             f"{job.get('fine_tuned_model') or '-'}")
 
 
+def create_body(args: argparse.Namespace) -> dict[str, Any]:
+    """OpenAI's create body from ``deltaserve jobs create``'s arguments; raises :class:`JobsClientError` naming a
+    bad one."""
+    body: dict[str, Any] = {"model": args.model, "training_file": args.training_file}
+    if args.suffix:
+        body["suffix"] = args.suffix
+    hyper = {k: v for k, v in (("n_epochs", args.n_epochs), ("learning_rate_multiplier", args.learning_rate_multiplier),
+                               ("batch_size", args.batch_size)) if v is not None}
+    if hyper:
+        body["hyperparameters"] = hyper
+    if args.seed is not None:
+        body["seed"] = args.seed
+    if args.metadata:
+        pairs = [item.partition("=") for item in args.metadata]
+        bad = [key for key, eq, _ in pairs if not eq or not key]
+        if bad:
+            raise JobsClientError(f"--metadata: give KEY=VALUE pairs, got {args.metadata!r}")
+        body["metadata"] = {key: value for key, _, value in pairs}
+    if args.deltaserve:
+        raw = args.deltaserve
+        try:
+            text = open(raw[1:], encoding="utf-8").read() if raw.startswith("@") else raw
+            body["deltaserve"] = json.loads(text)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise JobsClientError(f"--deltaserve: a JSON object of the job file's keys, or @FILE holding one: {exc}"
+                                  ) from None
+    return body
+
+
 def run_jobs(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``deltaserve jobs ...``; raises :class:`JobsClientError` (a ValueError: one line, exit 2) on a refusal."""
     out = out or sys.stdout
     client = JobsClient(args.server, args.api_key or os.environ.get("DELTASERVE_API_KEY"))
     action = args.jobs_command
+    if action == "create":
+        job = client.create(create_body(args))
+        out.write(json.dumps(job, indent=2) + "\n" if args.json else _list_line(job) + "\n")
+        return 0
     if action == "list":
         jobs = client.jobs()
         if args.json:
@@ -189,6 +230,18 @@ def add_jobs_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_argument("--json", action="store_true", help="print the server's JSON")
     sub = parser.add_subparsers(dest="jobs_command", required=True)
     sub.add_parser("list", parents=[common], help="the server's fine-tuning jobs")
+    create = sub.add_parser("create", parents=[common], help="start a fine-tuning job (OpenAI's create)")
+    create.add_argument("--model", required=True, help="the server's base model, as it serves it")
+    create.add_argument("--training-file", required=True, help="a dataset path inside the server's data directory")
+    create.add_argument("--suffix", default=None, help="the adapter's name (the job id is ftjob-SUFFIX)")
+    create.add_argument("--n-epochs", type=int, default=None, help="epochs over the training file")
+    create.add_argument("--learning-rate-multiplier", type=float, default=None,
+                        help="times DeltaServe's default learning rate (1e-3)")
+    create.add_argument("--batch-size", type=int, default=None, help="tokens per optimizer step")
+    create.add_argument("--seed", type=int, default=None, help="the job's seed")
+    create.add_argument("--metadata", nargs="*", default=None, metavar="KEY=VALUE", help="kept with the job")
+    create.add_argument("--deltaserve", default=None, metavar="JSON|@FILE",
+                        help="DeltaServe's own job keys (those of the job file), e.g. '{\"lora\": {\"r\": 16}}'")
     for name, text in (("get", "one job as JSON"), ("pause", "stop admitting fine-tuning (nothing is lost)"),
                        ("resume", "admit fine-tuning again"),
                        ("cancel", "stop the job with a final checkpoint"),

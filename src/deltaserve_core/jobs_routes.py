@@ -9,7 +9,7 @@ server mounts these routes brings; the core does not depend on it, and only the 
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
     GET  /v1/fine_tuning/jobs                       list (``data``, ``has_more``)
-    POST /v1/fine_tuning/jobs                       refused (501): the server runs the job declared at start-up
+    POST /v1/fine_tuning/jobs                       create (deltaserve_core.job_create), one job at a time
     GET  /v1/fine_tuning/jobs/{id}                  one job (``fine_tuning.job``)
     POST /v1/fine_tuning/jobs/{id}/pause|resume|cancel
     GET  /v1/fine_tuning/jobs/{id}/events?after=&limit=       newest first, paged
@@ -54,9 +54,10 @@ def error_response(status: int, message: str, *, type: str = "invalid_request_er
                         status_code=status)
 
 
-def build_jobs_router(call: JobCaller, *, create_refusal: str, mark: EndpointMarker | None = None) -> APIRouter:
-    """The jobs routes over ``call``; ``create_refusal``: the message of the 501 that ``POST`` gets (it names the
-    engine's way of declaring a job at start-up)."""
+def build_jobs_router(call: JobCaller, *, mark: EndpointMarker | None = None,
+                      on_created: Callable[[dict[str, Any]], None] | None = None) -> APIRouter:
+    """The jobs routes over ``call``; ``on_created``: run in the API server with the job a create started (an
+    adapter that serves the job's published versions from this process learns the new job's names there)."""
 
     async def answer(op: str, **args: Any) -> Any:
         """The call's result, or the error response to send instead."""
@@ -96,8 +97,18 @@ def build_jobs_router(call: JobCaller, *, create_refusal: str, mark: EndpointMar
         page = result[start:start + max(count, 0)]
         return JSONResponse({"object": "list", "data": page, "has_more": start + len(page) < len(result)})
 
-    async def create_job() -> Any:
-        return error_response(501, create_refusal, code="jobs_declared_at_startup")
+    async def create_job(request: Request) -> Any:
+        try:
+            body = await request.json()
+        except ValueError:
+            return error_response(400, "the body must be JSON: OpenAI's fine-tuning job create, e.g. {\"model\": "
+                                  "..., \"training_file\": \"train.jsonl\"}", code="invalid_json")
+        result = await answer("create", body=body)
+        if isinstance(result, JSONResponse):
+            return result
+        if on_created is not None:
+            on_created(result)
+        return JSONResponse(result)
 
     async def get_job(job_id: str) -> Any:
         return as_json(await answer("get", id=job_id))

@@ -1,7 +1,7 @@
 """The fine-tuning jobs API inside SGLang's own HTTP server (``python -m sglang.launch_server``).
 
 The same routes, JSON and errors as under ``vllm serve`` (:mod:`deltaserve_core.jobs_routes`), mounted on SGLang's
-FastAPI ``app`` when ``DELTASERVE_JOB`` names a job.
+FastAPI ``app`` when ``DELTASERVE_JOB`` names a job or ``DELTASERVE_JOBS_DATA_DIR`` lets clients create one.
 
 Where each part runs:
 
@@ -21,10 +21,11 @@ payloads are JSON text, so no field type of SGLang's IPC schema constrains them.
 
 Auth: SGLang's ``--api-key``/``--admin-api-key`` middleware is an ASGI middleware over the whole app that looks up
 each request's route in ``app.router.routes`` (``sglang.srt.utils.auth``), so it covers these routes as it covers
-SGLang's own. Reads are ``AuthLevel.NORMAL`` (``--api-key``); pause, resume and cancel are ``ADMIN_OPTIONAL``, as
-SGLang marks its own state-changing endpoints (``/set_internal_state``): with ``--admin-api-key`` they need that
-key. SGLang adds the middleware only in single-tokenizer mode; with ``--tokenizer-worker-num`` > 1 the routes are
-not mounted (the workers re-import the app in other processes), and a warning says so.
+SGLang's own. Reads are ``AuthLevel.NORMAL`` (``--api-key``); create, pause, resume and cancel are
+``ADMIN_OPTIONAL``, as SGLang marks its own state-changing endpoints (``/set_internal_state``): with
+``--admin-api-key`` they need that key. SGLang adds the middleware only in single-tokenizer mode; with
+``--tokenizer-worker-num`` > 1 the routes are not mounted (the workers re-import the app in other processes), and
+a warning says so.
 """
 
 from __future__ import annotations
@@ -40,17 +41,13 @@ from sglang.srt.managers.io_struct import BaseReq
 
 from deltaserve_core.jobs_routes import CONTROL_OPS, build_jobs_router
 
-__all__ = ["CREATE_REFUSAL", "DeltaServeJobReq", "DeltaServeJobReqOutput", "attach_http_routes", "register_types",
+__all__ = ["DeltaServeJobReq", "DeltaServeJobReqOutput", "attach_http_routes", "register_types",
            "serve_job_calls"]
 
 log = logging.getLogger("deltaserve.sglang")
 
 #: an engine busy with a long step answers between steps; past this the call is reported as failed
 CALL_TIMEOUT_S = 60.0
-CREATE_REFUSAL = ("this server runs the fine-tuning job declared when it started (DELTASERVE_JOB=job.yaml python -m "
-                  "sglang.launch_server ...); creating a job over HTTP comes with several jobs per server, which "
-                  "DeltaServe does not support yet. Restart the server with the new job config, or list the running "
-                  "job with GET /v1/fine_tuning/jobs")
 
 
 class DeltaServeJobReq(BaseReq, kw_only=True):
@@ -79,13 +76,11 @@ def serve_job_calls(scheduler: Any, runtime: Any) -> None:
     """Answer :class:`DeltaServeJobReq` in ``scheduler``'s own request dispatch, against ``runtime``'s job."""
     from sglang.utils import TypeBasedDispatcher
 
-    from deltaserve_core.job_control import job_call
-
     register_types()
 
     def handle(req: DeltaServeJobReq) -> DeltaServeJobReqOutput:
         try:
-            answer = job_call([runtime.coserver], req.op, json.loads(req.args_json))
+            answer = runtime.job_call(req.op, json.loads(req.args_json))
         except Exception as exc:  # noqa: BLE001 - a failed call is the client's 500, the scheduler loop goes on
             log.exception("DeltaServe jobs API: %s failed in the scheduler", req.op)
             answer = {"status": 500, "error": {"message": f"the job call {req.op!r} failed: {exc}",
@@ -143,7 +138,7 @@ class _SchedulerCaller:
 def _mark(op: str, endpoint: Any) -> Any:
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
-    return auth_level(AuthLevel.ADMIN_OPTIONAL)(endpoint) if op in CONTROL_OPS else endpoint
+    return auth_level(AuthLevel.ADMIN_OPTIONAL)(endpoint) if op in (*CONTROL_OPS, "create") else endpoint
 
 
 def attach_http_routes(server_args: Any) -> bool:
@@ -160,7 +155,7 @@ def attach_http_routes(server_args: Any) -> bool:
     if any(getattr(r, "path", None) == "/v1/fine_tuning/jobs" for r in app.router.routes):
         return True  # both launcher hooks may get here
     register_types()
-    router = build_jobs_router(_SchedulerCaller(), create_refusal=CREATE_REFUSAL, mark=_mark)
+    router = build_jobs_router(_SchedulerCaller(), mark=_mark)
     for route in router.routes:
         # Route by route onto the app's own router, not include_router: FastAPI 0.165 includes a router lazily
         # (one nested route), and SGLang's auth middleware reads each endpoint's auth level from the app's

@@ -75,9 +75,10 @@ def _run_event_loop(original: Callable[..., Any], self: Any, *args: Any, **kwarg
 
 
 def _preflight(server_args: Any) -> bool:
-    from .serving import extend_scheduler_exit_timeout, preflight
+    from .serving import enabled, extend_scheduler_exit_timeout, preflight
 
-    if preflight(server_args) is None:
+    preflight(server_args)
+    if not enabled():
         return False
     extend_scheduler_exit_timeout()
     return True
@@ -87,7 +88,8 @@ def _prepare_server_args(original: Callable[..., Any], *args: Any, **kwargs: Any
     # `sglang.launch_server` parses its command line here, right after its imports and before it imports the
     # HTTP server and spawns the scheduler that loads the model: the earliest point a bad job can be refused.
     # Only this launcher serves HTTP (sgl.Engine has no server), so the jobs routes are mounted here, once the job
-    # is accepted and before SGLang's launcher adds its API-key middleware and starts uvicorn.
+    # (or jobs settings without a job) is accepted and before SGLang's launcher adds its API-key middleware and
+    # starts uvicorn.
     server_args = original(*args, **kwargs)
     if _preflight(server_args):
         from .jobs_api import attach_http_routes

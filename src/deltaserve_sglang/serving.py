@@ -43,13 +43,15 @@ from typing import Any
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import HostConfig
 from deltaserve_core.hostkit import published_name
-from deltaserve_core.runtime import EngineRuntime
 from deltaserve_core.job_config import JobConfig
+from deltaserve_core.job_create import CreatedJob, JobsSettings, startup_job
+from deltaserve_core.runtime import EngineRuntime
 
 from .host import SglangHost
 from .versions import check_supported_sglang
 
-__all__ = ["ENV_GRACE", "ENV_JOB", "ServeHost", "ServeRuntime", "preflight", "server_args_problems",
+__all__ = ["ENV_GRACE", "ENV_JOB", "ENV_JOBS_DATA_DIR", "ENV_JOBS_DIR", "ServeHost", "enabled",
+           "jobs_settings", "ServeRuntime", "preflight", "server_args_problems",
            "shutdown_grace_s", "start_serving", "extend_scheduler_exit_timeout", "stop_schedulers_first"]
 
 log = logging.getLogger("deltaserve.sglang")
@@ -60,6 +62,37 @@ ENV_JOB = "DELTASERVE_JOB"
 #: this long for the scheduler after it asked it to stop, instead of SGLang's 15 s.
 ENV_GRACE = "DELTASERVE_SHUTDOWN_GRACE_S"
 DEFAULT_GRACE_S = 30.0
+#: The folder jobs created over HTTP (``POST /v1/fine_tuning/jobs``) read their training files from; set, it enables
+#: DeltaServe with or without :data:`ENV_JOB`.
+ENV_JOBS_DATA_DIR = "DELTASERVE_JOBS_DATA_DIR"
+#: Where created jobs are kept (default ``deltaserve-jobs`` in the launching directory), so a restart resumes them.
+ENV_JOBS_DIR = "DELTASERVE_JOBS_DIR"
+_HOW_TO_ENABLE_JOBS = (f"start SGLang with {ENV_JOBS_DATA_DIR}=/data in its environment (with or without {ENV_JOB}): "
+                       "training files are then read from inside that folder")
+
+
+def enabled() -> bool:
+    """Whether the environment turns DeltaServe on: a job file, or a data folder for jobs created over HTTP."""
+    return bool(os.environ.get(ENV_JOB) or os.environ.get(ENV_JOBS_DATA_DIR))
+
+
+def jobs_settings() -> JobsSettings:
+    """The settings of jobs created over HTTP, from :data:`ENV_JOBS_DATA_DIR` and :data:`ENV_JOBS_DIR` (relative
+    paths against the working directory; the scheduler inherits the launcher's). Raises ``ValueError`` naming the
+    variable."""
+    raw = {key: os.environ[env] for key, env in (("data_dir", ENV_JOBS_DATA_DIR), ("dir", ENV_JOBS_DIR))
+           if os.environ.get(env)}
+    try:
+        return JobsSettings.from_mapping(raw, base=Path.cwd(), where="the jobs settings",
+                                         how_to_enable=_HOW_TO_ENABLE_JOBS)
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("the jobs settings.data_dir", ENV_JOBS_DATA_DIR)
+                         .replace("the jobs settings.dir", ENV_JOBS_DIR)) from None
+
+
+def _startup_job() -> tuple[JobConfig | None, CreatedJob | None]:
+    jobs = jobs_settings()
+    return startup_job(os.environ.get(ENV_JOB) or None, jobs if jobs.data_dir is not None else None)
 
 
 def shutdown_grace_s() -> float:
@@ -110,23 +143,28 @@ def _lora_target_problems(job: JobConfig, server_args: Any) -> list[str]:
 
 
 def preflight(server_args: Any) -> JobConfig | None:
-    """Check the job named by :data:`ENV_JOB` against ``server_args`` before SGLang spawns its scheduler.
+    """Check the job the server starts with (:data:`ENV_JOB`'s, or the newest created over HTTP) against
+    ``server_args`` before SGLang spawns its scheduler.
 
     Raises :class:`~deltaserve_core.job_config.JobConfigError` (or ``ValueError`` for the checkpoint folder and
-    the server arguments), naming the key or flag, the value and the fix; ``None`` when no job is set. Reads only
-    files: the job, the model's safetensors headers and config, the checkpoint folder's JSON."""
-    job_path = os.environ.get(ENV_JOB)
-    if not job_path:
+    the server arguments), naming the key or flag, the value and the fix; ``None`` when no job is set (with
+    :data:`ENV_JOBS_DATA_DIR` set, the server arguments are checked all the same). Reads only files: the job, the
+    model's safetensors headers and config, the checkpoint folder's JSON."""
+    if not enabled():
         return None
-    from deltaserve_core.job_config import JobConfigError, load_job_config
+    job_path = os.environ.get(ENV_JOB) or os.environ.get(ENV_JOBS_DATA_DIR, "")
+    from deltaserve_core.job_config import JobConfigError
     from deltaserve_core.preflight import check_job, check_local_files
 
     try:
-        job = load_job_config(job_path)
+        job, _ = _startup_job()
         problems = server_args_problems(server_args)
         if problems:
             raise ValueError("DeltaServe needs SGLang started with " + "; ".join(problems))
         shutdown_grace_s()
+        if job is None:
+            _LAUNCHER["job"] = job_path
+            return None
         check_local_files(job)
         problems = _lora_target_problems(job, server_args)
         if problems:
@@ -184,7 +222,7 @@ def stop_schedulers_first(parent_pid: int | None) -> None:
 class ServeHost(SglangHost):
     """:class:`~deltaserve_core.hooks.HostHooks` over the scheduler of a running SGLang server."""
 
-    def __init__(self, scheduler: Any, publish_root: Path) -> None:
+    def __init__(self, scheduler: Any, publish_root: Path | None) -> None:
         from . import plugin
 
         version = check_supported_sglang()
@@ -201,7 +239,13 @@ class ServeHost(SglangHost):
         self._publish_root = publish_root
         self._attach(scheduler, config, version)
 
+    def publish_to(self, publish_root: Path) -> None:
+        """Publish into ``publish_root`` from now on (a created job's folder)."""
+        self._publish_root = publish_root
+
     def publish_adapter(self, state: LoraAdapterState) -> str:
+        if self._publish_root is None:
+            raise RuntimeError("no fine-tuning job runs on this engine: nothing to publish")
         # The API server resolves adapter names in its own process (TokenizerManager), so a version loaded here
         # only would not be addressable: it is written to a fresh folder per version for the operator to load
         # with SGLang's /load_lora_adapter endpoint (a new name per version, so no stale KV is served under it).
@@ -217,15 +261,31 @@ class ServeHost(SglangHost):
 class ServeRuntime(EngineRuntime):
     """The CoServer of one SGLang scheduler process."""
 
-    def __init__(self, scheduler: Any, job_path: str) -> None:
-        super().__init__(job_path, engine="sglang", grace_s=shutdown_grace_s(), where="the SGLang scheduler")
+    def __init__(self, scheduler: Any) -> None:
+        job, created = _startup_job()
+        sa = scheduler.server_args
+        super().__init__(job, engine="sglang", grace_s=shutdown_grace_s(), where="the SGLang scheduler",
+                         jobs=jobs_settings(), created=created,
+                         served_models=tuple(dict.fromkeys(str(n) for n in (
+                             getattr(sa, "served_model_name", None), sa.model_path) if n)))
         self.scheduler = scheduler
         self.serve_host = ServeHost(scheduler, self.publish_root)
+        if self.job is not None:
+            # before the backward starts: it would otherwise die on a tensor-size mismatch or train nothing
+            self.preflight_job(self.job)
+
+    def preflight_job(self, job: JobConfig) -> None:
+        from deltaserve_core.job_config import JobConfigError
         from deltaserve_core.preflight import check_job
 
-        # before the backward starts: it would otherwise die on a tensor-size mismatch or train nothing
-        check_job(self.job, self.serve_host.config.model, max_lora_rank=self.serve_host.config.max_lora_rank,
-                  how_to_raise_rank=f"or start SGLang with --max-lora-rank {self.job.lora.r}")
+        problems = _lora_target_problems(job, self.scheduler.server_args)
+        if problems:
+            raise JobConfigError(f"job config: {problems[0]}")
+        check_job(job, self.serve_host.config.model, max_lora_rank=self.serve_host.config.max_lora_rank,
+                  how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
+
+    def job_changed(self, job: JobConfig) -> None:
+        self.serve_host.publish_to(self.publish_root)  # type: ignore[arg-type]
 
     def start(self) -> None:  # type: ignore[override]
         scheduler, host = self.scheduler, self.serve_host
@@ -237,7 +297,7 @@ class ServeRuntime(EngineRuntime):
             "max_prefill_tokens": min(host.config.max_batch_tokens, longest),
             "max_kv": min(int(scheduler.max_total_num_tokens) // 2, longest),
             "max_decode_batch": min(64, int(scheduler.max_running_requests))})
-        if self.metrics is None:
+        if self.metrics is None and self.job is not None:
             log.info("DeltaServe: SGLang runs without --enable-metrics, so its /metrics (and DeltaServe's metrics "
                      "on it) is off")
         # the loop ends at its next iteration through SGLang's own ShutdownReq flag
@@ -247,11 +307,10 @@ class ServeRuntime(EngineRuntime):
 
 
 def start_serving(scheduler: Any) -> ServeRuntime | None:
-    """Called by the ``run_event_loop`` hook: the runtime when :data:`ENV_JOB` is set, else None."""
-    job = os.environ.get(ENV_JOB)
-    if not job:
+    """Called by the ``run_event_loop`` hook: the runtime when DeltaServe is enabled (:func:`enabled`), else None."""
+    if not enabled():
         return None
-    runtime = ServeRuntime(scheduler, job)
+    runtime = ServeRuntime(scheduler)
     runtime.start()
     from .jobs_api import serve_job_calls
 

@@ -8,7 +8,7 @@ with ``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` (the engine side, :mod:`.plugin
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
     GET  /v1/fine_tuning/jobs                       list (``data``, ``has_more``)
-    POST /v1/fine_tuning/jobs                       refused (501): this server runs the job declared at start-up
+    POST /v1/fine_tuning/jobs                       create (one job at a time; not under data parallelism)
     GET  /v1/fine_tuning/jobs/{id}                  one job (``fine_tuning.job``)
     POST /v1/fine_tuning/jobs/{id}/pause|resume|cancel
     GET  /v1/fine_tuning/jobs/{id}/events?after=&limit=       newest first, paged
@@ -44,10 +44,6 @@ log = logging.getLogger("deltaserve.vllm")
 JOBS_PLUGIN_NAME = "deltaserve_jobs"
 #: an engine busy with a long step answers between steps; past this the call is reported as failed
 _RPC_TIMEOUT_S = 60.0
-CREATE_REFUSAL = ("this server runs the fine-tuning job declared when it started (vllm serve ... "
-                  "--additional-config '{\"deltaserve\": {\"job\": \"job.yaml\"}}'); creating a job over HTTP comes "
-                  "with several jobs per server, which DeltaServe does not support yet. Restart the server with the "
-                  "new job config, or list the running job with GET /v1/fine_tuning/jobs")
 
 
 def _deltaserve_enabled(args: Namespace | None) -> bool:
@@ -85,8 +81,9 @@ class JobsApiPlugin:
         self._engine = engine_client
         self._enabled = engine_client is not None and _deltaserve_enabled(args)
         if not self._enabled:
-            log.warning("DeltaServe jobs API loaded, but this server runs no DeltaServe job (start it with "
-                        "--additional-config '{\"deltaserve\": {\"job\": \"job.yaml\"}}'): its routes answer 404")
+            log.warning("DeltaServe jobs API loaded, but DeltaServe is not enabled on this server (start it with "
+                        "--additional-config '{\"deltaserve\": {\"job\": \"job.yaml\"}}' or "
+                        "'{\"deltaserve\": {\"jobs\": {\"data_dir\": \"/data\"}}}'): its routes answer 404")
         elif not (getattr(args, "api_key", None) or os.environ.get("VLLM_API_KEY")):
             # vLLM's key is the only guard of these routes; without one, whoever reaches the port can cancel the job
             log.warning("DeltaServe jobs API without an API key: anyone who can reach this server can pause or cancel "
@@ -111,4 +108,13 @@ class JobsApiPlugin:
         return merge_rank_answers(op, [a[0] if isinstance(a, list) else a for a in per_engine])
 
     def attach_router(self, app: FastAPI) -> None:
-        app.include_router(build_jobs_router(self._call, create_refusal=CREATE_REFUSAL))
+        app.include_router(build_jobs_router(self._call, on_created=_serve_published_versions))
+
+
+def _serve_published_versions(job: dict[str, Any]) -> None:
+    """A created job's published versions are served by name from this process, as the declared job's are
+    (:mod:`.guard`; one job per server, so its namespace replaces the previous job's)."""
+    from .guard import AdapterNamespace, install
+
+    ds = job["deltaserve"]
+    install(AdapterNamespace(ds["adapter_name"], ds["checkpoint"]["dir"], ds["publish"]["dir"]))

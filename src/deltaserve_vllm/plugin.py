@@ -42,8 +42,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DATA_PARALLEL_KEY", "DEFAULT_SHUTDOWN_GRACE_S", "configure_data_parallel", "configure_engine_args",
-           "register"]
+__all__ = ["DATA_PARALLEL_KEY", "DEFAULT_SHUTDOWN_GRACE_S", "JOBS_KEY", "configure_data_parallel",
+           "configure_engine_args", "jobs_settings", "register"]
 
 log = logging.getLogger("deltaserve.vllm")
 
@@ -58,6 +58,20 @@ DEFAULT_SHUTDOWN_GRACE_S = 30
 #: key next to ``job`` in ``--additional-config "deltaserve"`` that carries the engine's data parallelism (size and
 #: the job's rendezvous) to every EngineCore: vLLM resets a dense model's EngineCores to data_parallel_size 1
 DATA_PARALLEL_KEY = "data_parallel"
+#: key next to ``job``: the settings of jobs created over HTTP (``data_dir``, ``dir``; deltaserve_core.job_create)
+JOBS_KEY = "jobs"
+#: how an operator turns creating jobs over HTTP on, named when a create is refused for the lack of it
+HOW_TO_ENABLE_JOBS = ('start vLLM with --additional-config \'{"deltaserve": {"jobs": {"data_dir": "/data"}}}\' (with '
+                      'or without "job"): training files are then read from inside that folder')
+
+
+def jobs_settings(settings: dict[str, Any]) -> Any:
+    """The ``jobs`` settings of ``--additional-config "deltaserve"`` (:class:`deltaserve_core.job_create.JobsSettings`;
+    relative paths against this process's working directory). Raises ``ValueError`` naming the key."""
+    from deltaserve_core.job_create import JobsSettings
+
+    return JobsSettings.from_mapping(settings.get(JOBS_KEY), base=Path.cwd(),
+                                     where='--additional-config "deltaserve".jobs', how_to_enable=HOW_TO_ENABLE_JOBS)
 
 
 def register() -> None:
@@ -95,21 +109,23 @@ def configure_engine_args(args: Any) -> bool:
     if not isinstance(extra, dict) or SETTINGS_KEY not in extra:
         return False
     settings = extra[SETTINGS_KEY]
-    if not isinstance(settings, dict) or not isinstance(settings.get("job"), str):
+    if not isinstance(settings, dict) or not (isinstance(settings.get("job"), str) or "jobs" in settings):
         raise ValueError('--additional-config "deltaserve" must be an object naming the fine-tuning job config, '
-                         'e.g. \'{"deltaserve": {"job": "job.yaml"}}\'')
+                         'e.g. \'{"deltaserve": {"job": "job.yaml"}}\', or the folder jobs created over HTTP read '
+                         'their training files from, e.g. \'{"deltaserve": {"jobs": {"data_dir": "/data"}}}\'')
     if extra.get(CONFIG_KEY) not in (None, SERVE_KEY):
         return True  # an in-process VllmHost configured this engine itself
-    from deltaserve_core.job_config import load_job_config
 
-    from .serving import route_logs_to_vllm
+    from .serving import route_logs_to_vllm, startup_job
     from .versions import check_supported_vllm
 
     route_logs_to_vllm()
     check_supported_vllm()
-    job_path = str(Path(settings["job"]).expanduser().resolve())
-    job = load_job_config(job_path)  # refuses a bad config, naming the field and the fix
-    settings["job"] = job_path  # the EngineCore may run in another working directory
+    # paths absolute here: the EngineCore may run in another working directory
+    if isinstance(settings.get("job"), str):
+        settings["job"] = str(Path(settings["job"]).expanduser().resolve())
+    settings[JOBS_KEY] = jobs_settings(settings).as_mapping()
+    job, _ = startup_job(settings)  # refuses a bad config, naming the field and the fix
     for name, allowed in (("scheduler_cls", (_SCHEDULER, _ASYNC_SCHEDULER)),
                           ("worker_extension_cls", (_WORKER_EXTENSION,))):
         current = getattr(args, name)
@@ -137,12 +153,13 @@ def configure_engine_args(args: Any) -> bool:
         args.enable_lora = True
     args.max_loras = int(args.max_loras) + 1
     log.info("DeltaServe: max_loras raised to %d (one slot is pinned to the fine-tuning adapter)", args.max_loras)
-    if job.lora.r > int(args.max_lora_rank):
+    if job is not None and job.lora.r > int(args.max_lora_rank):
         raise ValueError(f"the job's LoRA rank {job.lora.r} exceeds --max-lora-rank {args.max_lora_rank}; start "
                          f"vLLM with --max-lora-rank {job.lora.r} (or more)")
     from deltaserve_core.preflight import check_job
 
-    check_job(job, args.model)  # target modules against a local model folder, resume against the checkpoint
+    if job is not None:
+        check_job(job, args.model)  # target modules against a local model folder, resume against the checkpoint
     if not current_platform.is_cpu():
         if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
             raise ValueError("DeltaServe needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0")
@@ -166,12 +183,18 @@ def configure_engine_args(args: Any) -> bool:
 
     # Runtime LoRA loading stays as the operator set it (VLLM_ALLOW_RUNTIME_LORA_UPDATING): published versions
     # are served through the guard, in this process, and never through the public load endpoint.
-    install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, publish_dir(job)))
+    if job is not None:  # a job created later installs its own (jobs_api)
+        install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, publish_dir(job)))
     from .metrics import METRICS_FILE_KEY, install_api_server_collector
 
     # DeltaServe's metrics on this server's /metrics: the EngineCore writes what this process serves
     settings[METRICS_FILE_KEY] = install_api_server_collector()
-    log.info("DeltaServe enabled: job %s (adapter %s)", job_path, job.adapter_name)
+    if job is not None:
+        log.info("DeltaServe enabled: job %s (adapter %s)", settings.get("job") or "created over HTTP",
+                 job.adapter_name)
+    else:
+        log.info("DeltaServe enabled without a job: POST /v1/fine_tuning/jobs creates one (training files from %s)",
+                 settings[JOBS_KEY]["data_dir"])
     return True
 
 
@@ -190,19 +213,19 @@ def configure_data_parallel(config: Any) -> None:
     here, in the one process that starts every EngineCore; where this server does not start them all (several
     nodes, external load balancing) the job file must name it."""
     from deltaserve_core.data_parallel import for_engine, resolve_rank
-    from deltaserve_core.job_config import load_job_config
 
     from .channel import SETTINGS_KEY
+    from .serving import startup_job
 
     parallel = config.parallel_config
     if getattr(parallel, "_api_process_count", 1) > 1 and getattr(parallel, "_api_process_rank", -1) >= 0:
         return  # an API server the first process spawned after it settled this and started the EngineCores
     size = int(parallel.data_parallel_size)
     settings = config.additional_config[SETTINGS_KEY]
+    job, _ = startup_job(settings)
     if size <= 1:
         settings.pop(DATA_PARALLEL_KEY, None)
-        job = load_job_config(settings["job"])
-        if job.data_parallel.enabled:
+        if job is not None and job.data_parallel.enabled:
             resolve_rank(job.data_parallel)  # one server of several: its rank and the rendezvous, refused here
         return
     if config.model_config.is_moe:
@@ -212,6 +235,10 @@ def configure_data_parallel(config: Any) -> None:
                          "mixture-of-experts model's data-parallel engines in lockstep, which fine-tuning steps on "
                          "one engine would break; run one `vllm serve` per replica (DELTASERVE_DP_RANK, "
                          "docs/scaling.md) or --data-parallel-size 1")
+    if job is None:
+        # no job to spread yet: each EngineCore learns it is one of several, so a create is refused there
+        settings[DATA_PARALLEL_KEY] = {"world_size": size, "rendezvous": ""}
+        return
     local = int(parallel.data_parallel_size_local or size)
     rendezvous = None
     if local == size and not getattr(parallel, "local_engines_only", False):
@@ -219,7 +246,7 @@ def configure_data_parallel(config: Any) -> None:
 
         host = parallel.data_parallel_master_ip or "127.0.0.1"
         rendezvous = f"[{host}]:{get_open_port()}" if ":" in host else f"{host}:{get_open_port()}"
-    job = for_engine(load_job_config(settings["job"]), size, rendezvous=rendezvous, flag="--data-parallel-size")
+    job = for_engine(job, size, rendezvous=rendezvous, flag="--data-parallel-size")
     settings[DATA_PARALLEL_KEY] = {"world_size": size, "rendezvous": job.data_parallel.rendezvous}
     log.info("DeltaServe: one fine-tuning job over the %d data-parallel engines (ranks 0..%d), their store at %s",
              size, size - 1, job.data_parallel.rendezvous)

@@ -33,7 +33,9 @@ from typing import Any
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.data_parallel import for_engine, resolve_rank
 from deltaserve_core.hostkit import published_name
-from deltaserve_core.job_config import JobConfig, load_job_config
+from deltaserve_core.job_config import JobConfig
+from deltaserve_core.job_create import CreatedJob, JobsSettings
+from deltaserve_core.job_create import startup_job as core_startup_job
 from deltaserve_core.runtime import EngineRuntime, route_logs
 from deltaserve_core.types import ProfileShape, StepRecord
 
@@ -51,6 +53,7 @@ __all__ = [
     "ServeRuntime",
     "current_runtime",
     "start_runtime",
+    "startup_job",
 ]
 
 log = logging.getLogger("deltaserve.vllm")
@@ -90,10 +93,10 @@ class EngineHost(ChannelHooks):
 
     name = "vllm"
 
-    def __init__(self, channel: Channel, vllm_config: Any, publish_root: Path, work_dir: Path, *,
+    def __init__(self, channel: Channel, vllm_config: Any, publish_root: Path | None, work_dir: Path, *,
                  shared_publish: bool = False) -> None:
         """``shared_publish``: other engines (data-parallel ranks of the job) publish the same versions into
-        ``publish_root``."""
+        ``publish_root`` (None until a job is created: :meth:`publish_to`)."""
         dist, version = check_supported_vllm()
         self._shared_publish = shared_publish
         from vllm.platforms import current_platform
@@ -109,7 +112,13 @@ class EngineHost(ChannelHooks):
                          engine=dist, engine_version=version,
                          timing_variant="async" if vllm_config.scheduler_config.async_scheduling else "")
 
+    def publish_to(self, publish_root: Path) -> None:
+        """Publish into ``publish_root`` from now on (a created job's folder)."""
+        self._publish_root = publish_root
+
     def publish_adapter(self, state: LoraAdapterState) -> str:
+        if self._publish_root is None:
+            raise RuntimeError("no fine-tuning job runs on this engine: nothing to publish")
         # A new folder per version: the API server's resolver maps a client's model name to a folder once and
         # caches it, and vLLM's prefix cache keys on the adapter, so a version is never overwritten in place.
         self._check_rank(state)
@@ -132,10 +141,14 @@ class ServeRuntime(EngineRuntime):
         route_logs_to_vllm()
         settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
         shutdown_timeout = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
-        job, dp_rank = _job_for_this_engine(settings, vllm_config)
+        job, created, dp_rank, engines = _job_for_this_engine(settings, vllm_config)
+        model_config = vllm_config.model_config
         super().__init__(job, engine="vllm", where="the vLLM engine", dp_rank=dp_rank,
                          grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
-                         log_every_s=float(settings.get("log_every_s", 10.0)))
+                         log_every_s=float(settings.get("log_every_s", 10.0)), jobs=_jobs_settings(settings),
+                         created=created, engines=engines,
+                         served_models=tuple(dict.fromkeys(str(n) for n in (
+                             model_config.served_model_name, model_config.model) if n)))
         self.channel = channel
         executor = channel.executor
         if executor is None:
@@ -165,6 +178,15 @@ class ServeRuntime(EngineRuntime):
         # so the signal must end it first (then vLLM's own handler runs).
         self.catch_stop_signals(chain=True)
 
+    def job_changed(self, job: JobConfig) -> None:
+        self.engine_host.publish_to(self.publish_root)  # type: ignore[arg-type]
+
+    def preflight_job(self, job: JobConfig) -> None:
+        from deltaserve_core.preflight import check_job
+
+        check_job(job, self.engine_host._model_path, max_lora_rank=self.engine_host._max_lora_rank,
+                  how_to_raise_rank=f"or start vLLM with --max-lora-rank {job.lora.r}")
+
     def wants_idle_step(self) -> bool:
         """Asked by the scheduler's ``has_requests`` when vLLM has no request: should the loop step anyway?
 
@@ -191,21 +213,41 @@ class ServeRuntime(EngineRuntime):
 _RUNTIME: dict[str, ServeRuntime] = {}
 
 
-def _job_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[JobConfig, int | None]:
-    """The job and this EngineCore's data-parallel rank (None for a job of one replica). Under
-    ``--data-parallel-size`` the API server settled size and rendezvous
+def _jobs_settings(settings: dict[str, Any]) -> JobsSettings:
+    from .plugin import HOW_TO_ENABLE_JOBS, JOBS_KEY
+
+    # the API server made every path absolute (plugin.configure_engine_args)
+    return JobsSettings.from_mapping(settings.get(JOBS_KEY), base=Path.cwd(), where='"deltaserve".jobs',
+                                     how_to_enable=HOW_TO_ENABLE_JOBS)
+
+
+def startup_job(settings: dict[str, Any]) -> tuple[JobConfig | None, CreatedJob | None]:
+    """The job this server starts with (:func:`deltaserve_core.job_create.startup_job`): the newest job created
+    over HTTP when creating is on, else the job file of ``--additional-config``; the same answer in the API server
+    and in every EngineCore."""
+    jobs = _jobs_settings(settings)
+    return core_startup_job(settings.get("job"), jobs if jobs.data_dir is not None else None)
+
+
+def _job_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[
+        JobConfig | None, CreatedJob | None, int | None, int]:
+    """The job, its create record, this EngineCore's data-parallel rank (None for a job of one replica) and how many
+    engines this server runs. Under ``--data-parallel-size`` the API server settled size and rendezvous
     (:func:`~deltaserve_vllm.plugin.configure_data_parallel`) and the rank is vLLM's own (``data_parallel_index``:
     a dense model's EngineCores are reset to rank 0 of size 1, the index stays); else it is ``DELTASERVE_DP_RANK``'s
     when the job file is data-parallel."""
     from .plugin import DATA_PARALLEL_KEY
 
-    job = load_job_config(settings["job"])
+    job, created = startup_job(settings)
     dp = settings.get(DATA_PARALLEL_KEY)
     if not dp:
         # separate servers of one job (DELTASERVE_DP_RANK) may share checkpoint.dir as much as one server's ranks
-        return job, resolve_rank(job.data_parallel) if job.data_parallel.enabled else None
+        rank = resolve_rank(job.data_parallel) if job is not None and job.data_parallel.enabled else None
+        return job, created, rank, 1
+    if job is None:
+        return None, None, None, int(dp["world_size"])
     job = for_engine(job, int(dp["world_size"]), rendezvous=dp["rendezvous"], flag="--data-parallel-size")
-    return job, int(vllm_config.parallel_config.data_parallel_index)
+    return job, created, int(vllm_config.parallel_config.data_parallel_index), int(dp["world_size"])
 
 
 def route_logs_to_vllm() -> None:

@@ -320,17 +320,16 @@ class DeltaServeWorkerExtension:
                 "piecewise_sizes": _every_lora_case(piecewise)}
 
     def deltaserve_job_call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One jobs-API call (:func:`deltaserve_core.job_control.job_call`) against this engine's job.
+        """One jobs-API call (:meth:`deltaserve_core.runtime.EngineRuntime.job_call`, ``create`` included) against
+        this engine's job.
 
         The executor is vLLM's one-process executor (see :mod:`.plugin`), so this worker runs in the EngineCore
         process beside the runtime, and between two engine steps (``collective_rpc`` is an engine utility call):
-        the job is read and changed on the thread that drives its steps."""
-        from deltaserve_core.job_control import job_call
-
+        the job is read, changed or started on the thread that drives its steps."""
         from .serving import current_runtime
 
         runtime = current_runtime()
         if runtime is None:
-            return {"status": 503, "error": {"message": "DeltaServe's fine-tuning job has not started in this engine",
+            return {"status": 503, "error": {"message": "DeltaServe has not started in this engine yet",
                                              "type": "service_unavailable", "param": None, "code": "job_not_started"}}
-        return job_call([runtime.coserver], op, args)
+        return runtime.job_call(op, args)

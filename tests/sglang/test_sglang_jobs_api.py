@@ -3,10 +3,13 @@
 under ``vllm serve`` (tests/test_vllm_jobs_api.py).
 
 One module-scoped server (API server and scheduler in separate processes, as in production), running a job long
-enough not to end by itself, with a checkpoint every 3 steps. The tests run in file order on it: the key is
-needed; list and get show the job training; create answers 501; pause holds the optimizer step (compared across
-polls, never timed) and resume moves it again; events and checkpoints page newest first; cancel ends the job.
-Client requests are served throughout.
+enough not to end by itself, with a checkpoint every 3 steps, and a data directory for jobs created over HTTP
+(``DELTASERVE_JOBS_DATA_DIR``). The tests run in file order on it: the key is needed; list and get show the job
+training; a create while it runs is refused (409); pause holds the optimizer step (compared across polls, never
+timed) and resume moves it again; events and checkpoints page newest first; cancel ends the job; bad creates are
+refused naming the field (a symlink out of the data directory among them); a created job trains and succeeds.
+Then the server is started again without a job file (a fresh jobs folder, the calibration the first start stored):
+it starts with no job, and a create starts one. Client requests are served throughout.
 
 The last tests mount the routes in this process, on SGLang's own app and key middleware, for what one server with
 one key cannot show: the admin key on the control routes, and the warnings of a server without a key or with
@@ -38,6 +41,10 @@ def _write_job(root: Path) -> Path:
     records = [{"instruction": f"Write one sentence about topic {i}.", "input": "",
                 "output": f"Here is a short sentence about topic {i}, written plainly."} for i in range(60)]
     (root / "train.json").write_text(json.dumps(records))
+    (root / "data").mkdir()
+    (root / "data" / "train.json").write_text(json.dumps(records[:16]))
+    (root / "secret.json").write_text(json.dumps(records))
+    (root / "data" / "link.json").symlink_to(root / "secret.json")  # inside the folder, pointing out of it
     job = root / "job.yaml"
     job.write_text("dataset: train.json\nadapter_name: sgjobs\nlora: {r: 8, alpha: 16}\nepochs: 1000\n"
                    "backward_batch_tokens: 96\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 5.0}\n"
@@ -49,33 +56,41 @@ def _write_job(root: Path) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("sglang-jobs-api")
     job = _write_job(root)
+    env = dict(_env(job, uuid.uuid4().hex, root / "profiles"), DELTASERVE_JOBS_DATA_DIR=str(root / "data"),
+               DELTASERVE_JOBS_DIR=str(root / "jobs"))
+    info = {"root": root, "model": str(tiny_model), "env": env}
+    _start(info, env, "server.log")
+    yield info
+    if info["server"].proc.poll() is None:
+        info["server"].kill()
+
+
+def _start(info: dict, env: dict[str, str], log_name: str) -> None:
     port = _free_port()
-    proc = _Server(_argv(tiny_model, port, "--api-key", API_KEY),
-                   _env(job, uuid.uuid4().hex, root / "profiles"), root / "server.log")
+    proc = _Server(_argv(Path(info["model"]), port, "--api-key", API_KEY), env, info["root"] / log_name)
     base = f"http://127.0.0.1:{port}"
     why = wait_until_up(f"{base}/health", proc.proc, 900, poll_s=2.0)
     if why:
         proc.kill()
         pytest.fail(f"the server {why}:\n{proc.text()[-4000:]}")
-    yield {"base": base, "server": proc}
-    if proc.proc.poll() is None:
-        proc.kill()
+    info.update(base=base, server=proc)
 
 
 def _api(server: dict, method: str, path: str, key: str | None = API_KEY) -> tuple[int, Any]:
     return _http(method, f"{server['base']}/v1/fine_tuning/jobs{path}", key=key)
 
 
-def _job(server: dict) -> dict:
-    status, body = _api(server, "GET", f"/{JOB_ID}")
+def _job(server: dict, job_id: str = JOB_ID) -> dict:
+    status, body = _api(server, "GET", f"/{job_id}")
     assert status == 200, body
     return body
 
 
-def _wait_for(server: dict, cond: Callable[[dict], bool], what: str, timeout: float = 600.0) -> dict:
+def _wait_for(server: dict, cond: Callable[[dict], bool], what: str, timeout: float = 600.0,
+              job_id: str = JOB_ID) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        job = _job(server)
+        job = _job(server, job_id)
         if cond(job):
             return job
         assert server["server"].proc.poll() is None, server["server"].text()[-4000:]
@@ -115,10 +130,22 @@ def test_list_and_get_show_the_job_training(server: dict) -> None:
     _served(server)
 
 
-def test_create_is_answered_501(server: dict) -> None:
-    status, body = _api(server, "POST", "")
-    assert status == 501 and body["error"]["code"] == "jobs_declared_at_startup", body
-    assert "DELTASERVE_JOB" in body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+def _create_body(server: dict, **over: Any) -> dict:
+    return {"model": server["model"], "training_file": "train.json", "suffix": "made",
+            "hyperparameters": {"n_epochs": 1, "batch_size": 96},
+            "deltaserve": {"max_length": 64, "buffer_tokens": 512, "slo": {"ttft_s": 5.0, "tpot_s": 5.0},
+                           "checkpoint": {"every_steps": 2}}, **over}
+
+
+def _create(server: dict, body: dict) -> tuple[int, Any]:
+    return _http("POST", f"{server['base']}/v1/fine_tuning/jobs", body, key=API_KEY)
+
+
+def test_a_create_while_the_job_runs_is_refused(server: dict) -> None:
+    status, body = _create(server, _create_body(server))
+    assert status == 409 and body["error"]["code"] == "job_active", body
+    assert "one fine-tuning job at a time" in body["error"]["message"] and body["error"]["type"] == \
+        "invalid_request_error"
 
 
 def test_pause_holds_training_and_resume_restarts_it(server: dict) -> None:
@@ -178,6 +205,43 @@ def test_cancel_ends_the_job(server: dict) -> None:
     _served(server)
 
 
+def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
+    for over, status_code, param, words in (
+            ({"model": "other-model"}, 400, "model", "'other-model' is not served here"),
+            ({"training_file": "link.json"}, 403, "training_file", "outside the server's data directory"),
+            ({"training_file": "../secret.json"}, 403, "training_file", "outside the server's data directory"),
+            ({"deltaserve": {"optimizer": {"lr": -1}}}, 400, "deltaserve.optimizer.lr", "got -1"),
+            ({"deltaserve": {"lora": {"target_modules": ["gate_proj"]}}}, 400, "deltaserve.lora.target_modules",
+             "--lora-target-modules")):
+        status, body = _create(server, _create_body(server, **over))
+        assert status == status_code and body["error"]["param"] == param, (over, body)
+        assert words in body["error"]["message"], (over, body)
+    assert _job(server)["status"] == "cancelled"  # nothing started
+
+
+def test_a_created_job_trains_and_succeeds(server: dict) -> None:
+    status, job = _create(server, _create_body(server, metadata={"k": "v"}))
+    assert status == 200 and job["id"] == "ftjob-made" and job["metadata"] == {"k": "v"}, job
+    status, listed = _api(server, "GET", "")
+    assert status == 200 and [j["id"] for j in listed["data"]] == ["ftjob-made"], listed
+    done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed", job_id="ftjob-made")
+    assert done["trained_tokens"] > 0 and done["deltaserve"]["step"] > 0, done
+    _served(server)
+
+
+def test_a_server_started_without_a_job_creates_one(server: dict) -> None:
+    server["server"].kill()
+    env = {k: v for k, v in server["env"].items() if k != "DELTASERVE_JOB"}
+    env["DELTASERVE_JOBS_DIR"] = str(server["root"] / "jobs-2")
+    _start(server, env, "no-job.log")
+    status, listed = _api(server, "GET", "")
+    assert status == 200 and listed["data"] == [], listed
+    status, job = _create(server, _create_body(server, suffix="first"))
+    assert status == 200 and job["id"] == "ftjob-first", job
+    _wait_for(server, lambda j: j["trained_tokens"] > 0, "training", job_id="ftjob-first")
+    _served(server)
+
+
 # ------------------------------------------------------------------------ in this process, on SGLang's own app
 
 def _args(**over: Any) -> SimpleNamespace:
@@ -223,7 +287,8 @@ def test_with_an_admin_key_the_controls_need_it() -> None:
     for op in ("pause", "resume", "cancel"):
         assert status("POST", f"/{JOB_ID}/{op}", "client") == 401
         assert status("POST", f"/{JOB_ID}/{op}", "admin") == 503
+    assert status("POST", "", "client") == 401  # create changes the server's state too
+    assert status("POST", "", "admin") == 400  # past auth, refused for its missing body
     for path in ("", f"/{JOB_ID}", f"/{JOB_ID}/events", f"/{JOB_ID}/checkpoints"):
         assert status("GET", path, "client") == 503
         assert status("GET", path, "nope") == 401
-    assert status("POST", "", "client") == 501
