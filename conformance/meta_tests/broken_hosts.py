@@ -339,6 +339,11 @@ class SlotSpillHost(ReferenceHost):
         self._published.append(name)
         return name
 
+    def retract_adapter(self, name: str) -> None:
+        super().retract_adapter(name)
+        if name in self._published:  # its slot is free again
+            self._published.remove(name)
+
     def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
                 groups: dict[str, torch.Tensor]) -> torch.Tensor:
         if groups and len(self._published) >= self._slots:
@@ -2338,7 +2343,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
                     "driver__run_idle_step_never_loses_pending_client_work",
                     "publish_adapter__requests_in_flight_keep_their_adapter",
-                    "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
+                    "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                    # its base rows share a step with the versions left after the retraction
+                    "retract_adapter__withdraws_exactly_that_version"),
     MistypedHookHost: "protocol__validate_host",
     # no arrival ever: neither for a request submitted from a second thread during a step
     SilentArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
