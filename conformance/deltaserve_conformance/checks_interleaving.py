@@ -1,9 +1,10 @@
 """Checks of operations that meet while client requests are in flight or after training moved on: a published
 version against later training and a republish of its name, a publish landing while requests on another adapter
-decode, and ``run_idle_step`` called with client work pending.
+decode, ``run_idle_step`` called with client work pending, ``generate()`` called beside a ``submit()``ted request, and
+the retraction of one published version among others, with requests still running on it.
 
-Each was missing until a blind batch of broken hosts (2026-12-04) went through the suite unseen; they register into
-:data:`.checks.CHECKS` like the fixed checks there.
+Each was missing until a blind batch of broken hosts (2026-12-04; the last three 2026-12-06b) went through the suite
+unseen; they register into :data:`.checks.CHECKS` like the fixed checks there.
 """
 
 from __future__ import annotations
@@ -114,3 +115,128 @@ def check_driver__run_idle_step_never_loses_pending_client_work(env: Conformance
     if problems:
         raise _fail(env, "driver", "requests pending when run_idle_step() was called: expected each served and "
                     "returned by a later step() exactly once; " + "; ".join(problems[:3]))
+
+
+# ------------------------------------------------------------------------------------------ blind batch 2026-12-06b:
+# generate() beside submit() (h16) and retracting one published version (h28)
+
+
+def _fail_on(env: ConformanceEnv, hook: str, setting: str, problems: list[str]) -> None:
+    """Fail with what the check did (``setting``) and its first problems, when it found any."""
+    if problems:
+        raise _fail(env, hook, setting + "; ".join(problems[:3]))
+
+
+@check("driver")
+def check_driver__generate_keeps_other_requests_outputs_for_step(env: ConformanceEnv) -> None:
+    """``generate()`` called while a request submitted earlier with ``submit()`` still runs (a server's traffic and a
+    test's batch on one engine): the earlier request finishes during the call, and its output is neither in
+    generate's result nor lost. ``has_unfinished()`` stays True after the call, and the next ``step()`` returns it,
+    exactly once, with its own adapter's tokens. A generate() that steps the engine keeping only its own requests'
+    outputs (as vLLM's ``LLM._run_engine`` does) hands it to no call."""
+    import dataclasses
+
+    if env.host.has_unfinished():  # type: ignore[attr-defined]
+        env.run_stepwise([])  # what was left is another check's concern
+    earlier, *given = make_prompts(env, 3, seed=65, adapter_every=1, prefix="kept-beside")
+    earlier = dataclasses.replace(earlier, max_tokens=2)
+    given = [dataclasses.replace(r, max_tokens=4, adapter=None) for r in given]
+    env.host.submit(earlier)  # type: ignore[attr-defined]
+    returned = list(env.host.step())  # type: ignore[attr-defined]  # its prefill: one token to go
+    before = [o.request_id for o in returned]
+    outputs = env.run(given)
+    in_result = [o.request_id for o in outputs if o.request_id == earlier.request_id]
+    unfinished = env.host.has_unfinished()  # type: ignore[attr-defined]
+    following = list(env.host.step())  # type: ignore[attr-defined]
+    returned += following + env.run_stepwise([])
+    ours = [o for o in returned if o.request_id == earlier.request_id]
+    problems = []
+    if in_result:
+        problems.append(f"generate() returned {earlier.request_id!r}'s output among its own")
+    if not ours:
+        problems.append(f"{earlier.request_id!r}'s output was returned by no step() (outputs seen: "
+                        f"{[o.request_id for o in returned]})")
+    elif len(ours) > 1:
+        problems.append(f"{earlier.request_id!r}'s output was returned {len(ours)} times")
+    elif earlier.request_id not in before:
+        if not unfinished:
+            problems.append("has_unfinished() was False after generate() returned, with its output not yet returned")
+        if ours[0] not in following:
+            problems.append(f"the step() after generate() returned {[o.request_id for o in following]}, not "
+                            f"{earlier.request_id!r}'s output")
+    if ours and not problems:
+        problems = _greedy_problems(env, ours, [earlier], lambda r: env.client_adapter_dir)
+    _fail_on(env, "driver", f"{earlier.request_id!r} (submit(), 2 tokens, on {earlier.adapter!r}) was one token from "
+             f"done when generate() ran {[r.request_id for r in given]} (4 tokens each); expected its output kept for "
+             "the next step(), exactly once: ", problems)
+
+
+@check("retract_adapter")
+def check_retract_adapter__withdraws_exactly_that_version(env: ConformanceEnv) -> None:
+    """The core prunes old versions with ``retract_adapter``: after version 41 of an adapter is retracted, a request
+    naming it is refused by ``submit()`` (raising, nothing queued) as one naming an adapter the host never loaded,
+    while version 42 of the same adapter, the client adapter and the base model keep serving their own weights. A
+    host that unloads by the job's adapter name withdraws every version with the oldest; one that forgets the name
+    but not the slot, or maps it to no adapter, serves the retracted version's clients on some other weights."""
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-retract", version=41)
+    old, new = _scaled(source, 1.5), _scaled(source, -2.0, version=42)
+    old_name = env.host.publish_adapter(handed_copy(old))  # type: ignore[attr-defined]
+    new_name = env.host.publish_adapter(handed_copy(new))  # type: ignore[attr-defined]
+    # both served once before the retraction, so each holds whatever slot or cache entry the host gives a version
+    env.run([ClientRequest(f"{r.request_id}-{i}", r.prompt_ids, 2, adapter=name) for i, (r, name) in
+             enumerate(zip(make_prompts(env, 2, seed=66, prefix="retract-warm"), (old_name, new_name)))])
+    env.host.retract_adapter(old_name)  # type: ignore[attr-defined]
+    problems = []
+    try:
+        refused = ClientRequest("retracted-version", (5, 6, 7, 8), 2, adapter=old_name)
+        env.host.submit(refused)  # type: ignore[attr-defined]
+        problems.append(f"submit() accepted a request on the retracted {old_name!r}")
+    except Exception:  # noqa: BLE001 - refusing is raising; which error is the host's choice
+        pass
+    if env.host.has_unfinished():  # type: ignore[attr-defined]
+        problems.append(f"a request on the retracted {old_name!r} was queued")
+        env.run_stepwise([])
+    adapters = (new_name, env.client_adapter, None)
+    requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=adapters[i % 3])
+                for i, r in enumerate(make_prompts(env, 6, seed=67, max_tokens=5, prefix="after-retract"))]
+    try:
+        outputs = env.run(requests)
+    except Exception as exc:  # noqa: BLE001 - a host that withdrew the other versions refuses their requests
+        problems.append(f"generate() on {new_name!r}, the client adapter and the base model raised {exc!r}")
+    else:
+        weights = {new_name: new, env.client_adapter: env.client_adapter_dir, None: None}
+        problems += _greedy_problems(env, outputs, requests, lambda r: weights[r.adapter])
+    _fail_on(env, "retract_adapter", f"{old_name!r} and {new_name!r} were published, then {old_name!r} retracted: "
+             "expected it refused as an unknown adapter and every other adapter served as before; ", problems)
+
+
+@check("retract_adapter")
+def check_retract_adapter__requests_in_flight_finish_on_their_version(env: ConformanceEnv) -> None:
+    """The core retracts the oldest version right after a publish, while its clients may still be decoding: requests
+    submitted on a version before ``retract_adapter`` (two running, one still queued) finish on its weights, every
+    token, never failed, cut short or moved to another adapter. A host that frees the version's weights at once fails
+    their next step; one that maps a missing adapter to none serves the rest of them on the base model."""
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-retract-running", version=51)
+    state = _scaled(source, 1.3)
+    name = env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    prompts = make_prompts(env, 3, seed=68, max_tokens=6, adapter_every=1, prefix="retract-running")
+    requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=name) for r in prompts]
+    for r in requests[:2]:
+        env.host.submit(r)  # type: ignore[attr-defined]
+    outputs: list[ClientOutput] = []
+    for _ in range(2):
+        outputs.extend(env.host.step())  # type: ignore[attr-defined]
+    env.host.submit(requests[2])  # type: ignore[attr-defined]  # queued: no step has run since
+    env.host.retract_adapter(name)  # type: ignore[attr-defined]
+    try:
+        outputs.extend(env.run_stepwise([]))
+    except Exception as exc:  # noqa: BLE001 - the step itself failing is what this check is about
+        try:  # the name served again lets the stranded requests finish, so later checks start on an empty engine
+            env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
+            env.run_stepwise([])
+        except Exception:  # noqa: BLE001 - the failure to report is the one above
+            pass
+        raise _fail(env, "retract_adapter", f"{name!r} was retracted with two requests on it running and one queued: "
+                    f"a later step raised {exc!r}; expected them to finish on its weights") from None
+    _fail_on(env, "retract_adapter", f"{name!r} was retracted with two requests on it running and one queued: "
+             "expected each to finish on its weights; ", _greedy_problems(env, outputs, requests, lambda r: state))

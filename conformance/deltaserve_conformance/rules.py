@@ -278,6 +278,17 @@ RULES: tuple[Rule, ...] = (
     Rule("HostDriver.shutdown", "it never keeps them referenced", ("driver__shutdown_releases_request_memory",)),
     Rule("HostHooks.publish_adapter", "never serve the returned name without some of them",
          ("publish_adapter__every_target_module_serves_or_is_refused",)),
+    # --- blind batch 2026-12-06b, h16 and h28 (checks_interleaving.py)
+    Rule("HostDriver.generate", "their outputs are never lost and never in its result",
+         ("driver__generate_keeps_other_requests_outputs_for_step",)),
+    Rule("HostDriver.step", "It also returns, exactly once, the outputs of other requests",
+         ("driver__generate_keeps_other_requests_outputs_for_step",)),
+    Rule("HostHooks.retract_adapter", "It withdraws exactly that version",
+         ("retract_adapter__withdraws_exactly_that_version",)),
+    Rule("HostHooks.retract_adapter", "is refused by ``submit`` exactly as one naming an adapter the host never loaded",
+         ("retract_adapter__withdraws_exactly_that_version",)),
+    Rule("HostHooks.retract_adapter", "finish on its weights, never failed or moved to another adapter",
+         ("retract_adapter__requests_in_flight_finish_on_their_version",)),
 )
 
 

@@ -42,6 +42,20 @@ class _WrapsInterceptor(ReferenceHost):
         super().intercept_schedule(None if interceptor is None else self.wrap(interceptor))
 
 
+def _collect(host: ReferenceHost, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+    """The outputs of ``requests``, once queued, in request order: a host whose generate() queues its requests its own
+    way (each breaks something else) still keeps other requests' outputs for step(), as the contract asks."""
+    wanted = {r.request_id for r in requests}
+    got: dict[str, ClientOutput] = {}
+    while wanted - got.keys():
+        for o in host.step():
+            if o.request_id in wanted:
+                got[o.request_id] = o
+            else:
+                host._kept.append(o)
+    return [got[r.request_id] for r in requests]
+
+
 class DoubleInterceptHost(ReferenceHost):
     """Calls on_schedule twice for one step (e.g. a scheduler hook installed on two code paths)."""
 
@@ -87,10 +101,24 @@ class NextStepInjectionHost(ReferenceHost):
         super().intercept_schedule(Late())
 
 
-class LeakyHost(ReferenceHost):
+class _LeaksThroughStep(ReferenceHost):
+    """A host whose step() hands clients outputs of requests nobody submitted (ids starting ``_leak``): the leak
+    under test. Its generate() keeps the other outputs it sees for step() only for submitted requests, so the leak
+    reaches clients through step() alone, where the checks of its rule look, and never lingers in has_unfinished()."""
+
+    _leak = "leaked-"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        outputs = super().generate(requests)
+        self._kept[:] = [o for o in self._kept if not o.request_id.startswith(self._leak)]
+        return outputs
+
+
+class LeakyHost(_LeaksThroughStep):
     """Hands fine-tuning rows' results to clients as if they were requests."""
 
     name = "broken-leaky"
+    _leak = "finetune-"
 
     def step(self) -> list[ClientOutput]:
         before = self._last_ft
@@ -311,6 +339,11 @@ class SlotSpillHost(ReferenceHost):
         self._published.append(name)
         return name
 
+    def retract_adapter(self, name: str) -> None:
+        super().retract_adapter(name)
+        if name in self._published:  # its slot is free again
+            self._published.remove(name)
+
     def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
                 groups: dict[str, torch.Tensor]) -> torch.Tensor:
         if groups and len(self._published) >= self._slots:
@@ -410,6 +443,61 @@ class RecordAfterFreeHost(ReferenceHost):
         if self._in_step:  # the engine's view after it freed the step's finished requests
             return any(len(s.output) < s.request.max_tokens for s in self._running) or bool(self._waiting)
         return super().has_unfinished()
+
+
+class GenerateDropsOtherOutputsHost(ReferenceHost):
+    """generate() steps the engine keeping only its own requests' outputs (as vLLM's ``LLM._run_engine`` does): a
+    request submit()ted earlier that finishes during the call is returned by no call, and has_unfinished() then says
+    False (blind batch 2026-12-06b, h16; the hosts' shared run_to_completion did this until then)."""
+
+    name = "broken-generate-drops-other-outputs"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        from deltaserve_core.driver import run_to_completion
+
+        return run_to_completion(self, requests, [])  # a list nobody reads: the other outputs go nowhere
+
+
+class RetractsEveryVersionHost(ReferenceHost):
+    """retract_adapter unloads by the job's adapter name (its table keyed so, the version as metadata): pruning the
+    oldest published version withdraws every version of that adapter, the newest included (blind batch 2026-12-06b,
+    h28)."""
+
+    name = "broken-retracts-every-version"
+
+    def retract_adapter(self, name: str) -> None:
+        from deltaserve_core.hostkit import parse_published_name
+
+        super().retract_adapter(name)
+        job = (parse_published_name(name) or (name, 0))[0]
+        for other in list(self._adapters):
+            if (parse_published_name(other) or ("", 0))[0] == job:
+                del self._adapters[other]
+
+
+class RetractDropsRunningHost(ReferenceHost):
+    """retract_adapter frees the version's weights at once, and the engine's LoRA lookup skips a name it no longer
+    holds: requests submitted on it before (the core prunes right after a publish, while clients of the oldest version
+    may still decode) finish on the base model."""
+
+    name = "broken-retract-drops-running"
+
+    def retract_adapter(self, name: str) -> None:
+        self._adapters.pop(name, None)
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        return super()._linear(x, module, layer, name, {a: i for a, i in groups.items() if a in self._adapters})
+
+
+class RetractKeepsServingHost(ReferenceHost):
+    """retract_adapter withdraws nothing (SGLang's host had none: the core's prune found no method to call): a pruned
+    version keeps serving its clients, and every version ever published keeps its memory."""
+
+    name = "broken-retract-keeps-serving"
+
+    def retract_adapter(self, name: str) -> None:
+        return None
 
 
 class MistypedHookHost(ReferenceHost):
@@ -694,10 +782,11 @@ class DriftingCapabilitiesHost(ReferenceHost):
             64, caps.max_finetune_tokens_per_step - used))
 
 
-class ProfileLeakHost(ReferenceHost):
+class ProfileLeakHost(_LeaksThroughStep):
     """Runs profile steps through the client path and hands their results out with the next step's outputs."""
 
     name = "broken-profile-leak"
+    _leak = "profile-"
     _leaked: list[ClientOutput] = []
 
     def run_profile_step(self, shape):  # noqa: ANN001, ANN201
@@ -740,10 +829,11 @@ class WindowedFinetuneAttentionHost(ReferenceHost):
             F.scaled_dot_product_attention = sdpa
 
 
-class ThirdRowLeakHost(ReferenceHost):
+class ThirdRowLeakHost(_LeaksThroughStep):
     """A step's third and later fine-tuning rows are handed to clients (their output slots are indexed from 2)."""
 
     name = "broken-third-row-leak"
+    _leak = "row-"
 
     def step(self) -> list[ClientOutput]:
         self._ft_now: tuple[int, ...] = ()
@@ -1924,11 +2014,7 @@ class BulkGenerateNoArrivalHost(ReferenceHost):
         now = time.monotonic()
         with self._lock:
             self._waiting.extend(_Seq(r, now) for r in requests)
-        wanted = {r.request_id for r in requests}
-        got: dict[str, ClientOutput] = {}
-        while len(got) < len(wanted):
-            got.update((o.request_id, o) for o in self.step() if o.request_id in wanted)
-        return [got[r.request_id] for r in requests]
+        return _collect(self, requests)
 
 
 class SlotCappedWaitingHost(ReferenceHost):
@@ -2144,11 +2230,7 @@ class GenerateAcceptsReservedHost(ReferenceHost):
         for r in requests:
             if self._interceptor is not None:
                 self._interceptor.on_arrival(r.request_id, now)
-        wanted = {r.request_id for r in requests}
-        got = {}
-        while wanted - got.keys():
-            got.update((o.request_id, o) for o in self.step() if o.request_id in wanted)
-        return [got[r.request_id] for r in requests]
+        return _collect(self, requests)
 
 
 class UnfinishedLagsAdmissionHost(ReferenceHost):
@@ -2234,7 +2316,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     LaunchTimeHost: "report_step_time__consistent_with_wall_clock",
     LyingGraphModeHost: "graph_mode__agrees_with_execution",
     GraphFinetuneHost: "graph_mode__finetune_steps_are_eager",
-    # every check that serves a published version sees the stale weights
+    # every check that serves a published version sees the stale weights (after a retraction too)
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
                        "publish_adapter__every_version_in_one_step_serves_its_weights",
                        "publish_adapter__version_keeps_its_weights_when_training_moves_on",
@@ -2242,7 +2324,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "publish_adapter__requests_in_flight_keep_their_adapter",
                        "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                        "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                       "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
+                       "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state",
+                       "retract_adapter__withdraws_exactly_that_version",
+                       "retract_adapter__requests_in_flight_finish_on_their_version"),
     # once its slots are full (after the slot check) base rows of later checks get the delta too
     FourAdaptersPerStepHost: "publish_adapter__every_version_in_one_step_serves_its_weights",
     EngineLayerPathHost: "model_spec__matches_the_checkpoint",
@@ -2250,12 +2334,18 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     SinkKeptOnNoneHost: "capture_activation__none_alone_removes_the_sink",
     EosUntimedHost: "driver__ignore_eos_false_stops_at_the_first_eos",
     RecordAfterFreeHost: "driver__has_unfinished_true_when_the_finishing_steps_record_arrives",
+    GenerateDropsOtherOutputsHost: "driver__generate_keeps_other_requests_outputs_for_step",
+    RetractsEveryVersionHost: "retract_adapter__withdraws_exactly_that_version",
+    RetractKeepsServingHost: "retract_adapter__withdraws_exactly_that_version",
+    RetractDropsRunningHost: "retract_adapter__requests_in_flight_finish_on_their_version",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
                     "intercept_schedule__client_ids_equal_to_sample_ids_are_served_intact",
                     "driver__run_idle_step_never_loses_pending_client_work",
                     "publish_adapter__requests_in_flight_keep_their_adapter",
-                    "set_finetune_adapter__requests_in_flight_keep_their_adapter"),
+                    "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                    # its base rows share a step with the versions left after the retraction
+                    "retract_adapter__withdraws_exactly_that_version"),
     MistypedHookHost: "protocol__validate_host",
     # no arrival ever: neither for a request submitted from a second thread during a step
     SilentArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
@@ -2281,7 +2371,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "publish_adapter__requests_in_flight_keep_their_adapter",
                          "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                          "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                         "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
+                         "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state",
+                         "retract_adapter__withdraws_exactly_that_version",
+                         "retract_adapter__requests_in_flight_finish_on_their_version"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
                         "publish_adapter__every_version_in_one_step_serves_its_weights",
                         "publish_adapter__serves_published_weights",
@@ -2291,10 +2383,14 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                         "publish_adapter__requests_in_flight_keep_their_adapter",
                         "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
                         "set_finetune_adapter__requests_in_flight_keep_their_adapter",
-                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state"),
-    # a republished name is the same stable name: its cached KV is the first weights'
+                        "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state",
+                        "retract_adapter__withdraws_exactly_that_version",
+                        "retract_adapter__requests_in_flight_finish_on_their_version"),
+    # a republished name is the same stable name: its cached KV is the first weights'; every version is that one
+    # name, so retracting the oldest withdraws the newest too
     StableNameStaleKVHost: ("publish_adapter__new_version_never_served_stale_kv",
-                            "publish_adapter__republished_name_serves_the_new_weights"),
+                            "publish_adapter__republished_name_serves_the_new_weights",
+                            "retract_adapter__withdraws_exactly_that_version"),
     StatefulGraphModeHost: "graph_mode__pure_function_of_shape",
     DriftingCapabilitiesHost: "capabilities__constant_for_the_host_lifetime",
     ProfileLeakHost: "run_profile_step__synthetic_rows_never_reach_a_client",
@@ -2375,9 +2471,11 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                              "deep_model__publish_adapter__serves_published_weights"),
     LeavesHelperProcessHost: "driver__shutdown_leaves_nothing_running",
     LeavesEngineThreadHost: "driver__shutdown_leaves_nothing_running",
-    # a case variant of the reserved name is an adapter it never loaded too: served on the base, not refused
+    # a case variant of the reserved name is an adapter it never loaded too: served on the base, not refused; so is a
+    # retracted version
     UnknownAdapterOnBaseHost: ("driver__unknown_adapter_refused",
-                               "intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate"),
+                               "intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate",
+                               "retract_adapter__withdraws_exactly_that_version"),
     # the flag set by abort_stops_finetune_only_step's abort stops the compute check's step before it polls
     StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
                       "capture_activation__abort_stops_compute"),
@@ -2404,7 +2502,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                  "generated__scenarios_keep_every_invariant"),
     LazyGraphCaptureHost: "graph_mode__pure_function_of_shape",
     SkipsLmHeadLoraHost: "publish_adapter__every_target_module_serves_or_is_refused",
-    GenerateReturnsAllFinishedHost: "driver__generate_returns_outputs_in_request_order",
+    # the earlier request's output comes back from generate(), not from the step() after it
+    GenerateReturnsAllFinishedHost: ("driver__generate_returns_outputs_in_request_order",
+                                     "driver__generate_keeps_other_requests_outputs_for_step"),
     SubmitTakesStepLockHost: "driver__submit_from_another_thread_returns_while_a_step_runs",
     ShutdownKeepsRequestsHost: "driver__shutdown_releases_request_memory",
 }

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from .types import RequestSLO
 
 __all__ = ["ClientRequest", "ClientOutput", "HostDriver", "HostConfig", "InFlightRequests", "check_client_adapter",
-           "run_to_completion"]
+           "run_to_completion", "take_kept"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,9 @@ class HostDriver(Protocol):
 
         Returns exactly one output per request, in request order, never in the order they finished (callers pair
         outputs with requests by position). Steps run meanwhile go through the hooks exactly as
-        in serving (so fine-tuning rows may join them)."""
+        in serving (so fine-tuning rows may join them). Requests submitted earlier with ``submit`` that finish while it
+        runs are not its own: their outputs are never lost and never in its result, the next ``step()`` returns them
+        (a server's traffic and a test's ``generate`` share one engine)."""
         ...
 
     def submit(self, request: ClientRequest) -> None:
@@ -118,7 +120,8 @@ class HostDriver(Protocol):
     def step(self) -> list[ClientOutput]:
         """Run at most one engine step (or, for engines with their own loop, wait for the next one);
         return the requests that finished in it. It never runs several steps in one call (to have something to
-        return, say): the core paces fine-tuning admission step by step."""
+        return, say): the core paces fine-tuning admission step by step. It also returns, exactly once, the outputs of
+        other requests that finished during an earlier ``generate()`` call (see there) and no call returned yet."""
         ...
 
     def run_idle_step(self) -> bool:
@@ -155,11 +158,15 @@ def check_client_adapter(request: ClientRequest, loaded: Collection[str]) -> Non
                          f"{sorted(a for a in loaded if a != RESERVED_ADAPTER_NAME)}")
 
 
-def run_to_completion(driver: HostDriver, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+def run_to_completion(driver: HostDriver, requests: Sequence[ClientRequest],
+                      kept: list[ClientOutput]) -> list[ClientOutput]:
     """``HostDriver.generate`` in terms of ``submit`` and ``step``, for hosts whose ``step`` returns what finished.
 
-    Outputs of other requests that finish meanwhile are the caller's concern (they were returned by ``step``);
-    nothing is retained, so a long-running host does not grow."""
+    Outputs of other requests that ``step`` returns meanwhile (submitted earlier, or kept by an earlier call) are
+    appended to ``kept``, in the order they came. The host's ``step`` returns ``kept`` first (:func:`take_kept`) and
+    its ``has_unfinished`` counts it: that is how they reach their client by the next ``step()``
+    (HostDriver.generate). ``kept`` holds only outputs no call returned yet, so it does not grow past the requests in
+    flight."""
     for r in requests:
         driver.submit(r)
     wanted = {r.request_id for r in requests}
@@ -168,8 +175,20 @@ def run_to_completion(driver: HostDriver, requests: Sequence[ClientRequest]) -> 
         if not driver.has_unfinished():
             missing = sorted(wanted - set(got))
             raise RuntimeError(f"the engine has no work left but requests {missing} never finished")
-        got.update((o.request_id, o) for o in driver.step() if o.request_id in wanted)
+        for o in driver.step():
+            if o.request_id in wanted:
+                got[o.request_id] = o
+            else:
+                kept.append(o)
     return [got[r.request_id] for r in requests]
+
+
+def take_kept(kept: list[ClientOutput]) -> list[ClientOutput]:
+    """What ``kept`` holds, emptying that very list: ``run_to_completion`` appends to the list object it was handed,
+    so a host's ``step`` that rebound its attribute to a fresh list would leave later outputs in the old one."""
+    taken = kept[:]
+    kept.clear()
+    return taken
 
 
 @dataclass

@@ -238,6 +238,21 @@ class HostHooks(Protocol):
         """
         ...
 
+    def retract_adapter(self, name: str) -> None:
+        """Withdraw published version ``name`` (a name :meth:`publish_adapter` returned).
+
+        Called by the core when it prunes the versions past the job's ``checkpoint.keep`` (after each publish beyond
+        it), so a host that ignores it keeps every version it ever published. It withdraws exactly that version:
+        every other name keeps serving its weights, other versions of the same adapter included (a host that keys its
+        adapter table by the job's adapter name and unloads by that key withdraws the newest version with the oldest).
+        Afterwards a request naming ``name`` is refused by ``submit`` exactly as one naming an adapter the host never
+        loaded (:func:`~deltaserve_core.driver.check_client_adapter`), never served on the base model or on another
+        version. Requests submitted on it before the call (running or queued) finish on its weights, never failed or
+        moved to another adapter: the core prunes right after a publish, while clients of the oldest version may still
+        be decoding. Its adapter slot and weights are the host's to free once those requests are done.
+        """
+        ...
+
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         """Execute one synthetic step of ``shape`` through the host's normal path and return its record.
 
@@ -293,6 +308,7 @@ REQUIRED_MEMBERS: tuple[str, ...] = HOOK_NAMES + (
     "model_spec",
     "set_finetune_adapter",
     "publish_adapter",
+    "retract_adapter",
     "run_profile_step",
 )
 

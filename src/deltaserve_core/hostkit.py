@@ -12,7 +12,8 @@ hook objects where those places can read them. What it does there is the same on
   :class:`~deltaserve_core.types.ProposedBatch`.
 - :class:`ProfileDraw`: the random inputs of a calibration step, seeded by its shape.
 - :func:`published_name`, :func:`parse_published_name`, :func:`publish_dir`: how published versions are named and
-  where they are kept, for every engine alike.
+  where they are kept, for every engine alike; :class:`WithdrawnVersions`: retracted versions still held for the
+  requests that run on them.
 - :class:`PatchRecord`: the record every run-time patch of an engine carries (why, how, upstream status, when it
   can go); ``deltaserve hosts --patches`` lists them.
 
@@ -27,11 +28,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .types import ExecutionMode, FineTuneSample, ProfileShape, StepRecord
 
 if TYPE_CHECKING:
+    from .driver import ClientRequest
     from .hooks import ActivationSink, ScheduleInterceptor, StepSink
     from .job_config import JobConfig
 
@@ -45,6 +47,7 @@ __all__ = [
     "ProfileDraw",
     "StepPlan",
     "TokenClock",
+    "WithdrawnVersions",
     "parse_published_name",
     "publish_dir",
     "published_name",
@@ -72,6 +75,35 @@ def parse_published_name(name: str, adapter_name: str | None = None) -> tuple[st
 def published_pattern(adapter_name: str) -> re.Pattern[str]:
     """A regular expression matching exactly the published names of ``adapter_name`` (the version in group 1)."""
     return re.compile(re.escape(adapter_name) + re.escape(_VERSION_SEPARATOR) + r"(\d+)")
+
+
+_Handle = TypeVar("_Handle")
+
+
+class WithdrawnVersions(Generic[_Handle]):
+    """Published versions ``retract_adapter`` withdrew while requests submitted on them may still run: the host
+    moves a version's engine handle (its weights, its adapter slot) here when it drops the name, looks it up for
+    those requests' rows, and frees what :meth:`release` hands back once none of them is left."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Handle] = {}
+
+    def hold(self, name: str, handle: _Handle) -> None:
+        self._held[name] = handle
+
+    def __getitem__(self, name: str) -> _Handle:
+        return self._held[name]
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def release(self, unfinished: Iterable[ClientRequest]) -> list[_Handle]:
+        """Forget the versions none of ``unfinished`` (every request the host has not finished) names; returns
+        their handles, for the host to free."""
+        if not self._held:
+            return []
+        used = {r.adapter for r in unfinished}
+        return [self._held.pop(name) for name in [n for n in self._held if n not in used]]
 
 
 def publish_dir(job: JobConfig) -> Path:

@@ -90,12 +90,10 @@ class PublishingMixin:
         root = publish_dir(self.job)
         while len(self.stats.published) > keep:
             name = self.stats.published.pop(0)
-            retract = getattr(self.host, "retract_adapter", None)
-            if callable(retract):
-                try:
-                    retract(name)
-                except Exception as exc:  # noqa: BLE001 - it is retired anyway; clients get a 404 either way
-                    log.warning("host could not withdraw adapter %s: %s", name, exc)
+            try:
+                self.host.retract_adapter(name)
+            except Exception as exc:  # noqa: BLE001 - it is retired anyway; clients get a 404 either way
+                log.warning("host could not withdraw adapter %s: %s", name, exc)
             try:
                 (root / name / RETIRED_MARK).touch()
             except OSError:

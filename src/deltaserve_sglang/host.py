@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import array
 import itertools
+import logging
 import os
 import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from deltaserve_core.adapter_state import LoraAdapterState
@@ -36,6 +38,7 @@ from deltaserve_core.driver import (
     InFlightRequests,
     check_client_adapter,
     run_to_completion,
+    take_kept,
 )
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
@@ -58,6 +61,8 @@ from .binding import FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX, Binding
 from .versions import check_supported_sglang
 
 __all__ = ["SglangHost"]
+
+log = logging.getLogger("deltaserve.sglang")
 
 _PROFILE_PREFIX = PROFILE_RID_PREFIX
 
@@ -122,9 +127,12 @@ class SglangHost:
         self._live = InFlightRequests()
         self._inbox: list[Any] = []
         self._adapters: dict[str, str] = {}  # client-visible name -> SGLang lora_id
+        self._withdrawn: dict[str, str] = {}  # lora_id -> name of retracted versions SGLang still holds
         self._ft_versions = itertools.count()
         self._ft_loaded: tuple[str, str] | None = None  # (lora_name, lora_id)
         self._finished: list[ClientOutput] = []
+        # outputs of submit()ted requests that finished inside a generate() call: the next step() hands them out
+        self._kept: list[ClientOutput] = []
         self._closed = False
         self._server_args = scheduler.server_args
         self._sched = scheduler
@@ -183,12 +191,18 @@ class SglangHost:
         # with older weights is never served under the new name.
         name = published_name(state.name, state.version)
         self._check_rank(state)
-        path = self._tmp / "published" / name.replace("/", "_")
+        path = self._published_path(name)
         state.save_pretrained(path)
         if name in self._adapters:  # the same name@version published again (a restarted job): new weights win
             self._unload_lora(name, self._adapters.pop(name))
         self._adapters[name] = self._load_lora(name, str(path), pinned=False)
         return name
+
+    def retract_adapter(self, name: str) -> None:
+        lora_id = self._adapters.pop(name, None)  # submit refuses it from now on (check_client_adapter)
+        if lora_id is not None:
+            self._withdrawn[lora_id] = name
+            self._unload_withdrawn()
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         b = self._binding
@@ -251,12 +265,12 @@ class SglangHost:
     def has_unfinished(self) -> bool:
         # A finished request stays unfinished until step() has returned its output: the output stream drops it from
         # _live before the step's record reaches the core's step sink, which reads this answer.
-        return bool(self._live) or bool(self._finished)
+        return bool(self._live) or bool(self._finished) or bool(self._kept)
 
     def step(self) -> list[ClientOutput]:
         self._step_once()
         done, self._finished = self._finished, []
-        return done
+        return take_kept(self._kept) + done
 
     def run_idle_step(self) -> bool:
         if self.has_unfinished():
@@ -270,12 +284,13 @@ class SglangHost:
         return self._binding.last_step_executed
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        return run_to_completion(self, requests)
+        return run_to_completion(self, requests, self._kept)
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._kept.clear()
         sched = getattr(self, "_sched", None)
         if sched is not None:
             from . import plugin
@@ -301,6 +316,19 @@ class SglangHost:
                 result = s.run_batch(batch)
                 s.process_batch_result(batch, result)
             s.last_batch = batch
+        self._unload_withdrawn()
+
+    def _unload_withdrawn(self) -> None:
+        """Unload retracted versions no request uses any more. SGLang looks a request's adapter up by its lora_id at
+        every step it runs in, so one unloaded under a running request would fail that step."""
+        if not self._withdrawn:
+            return
+        # a finished request stays in the running batch until the next step filters it out: it runs nothing more
+        in_use = {r.lora_id for r in self._all_reqs() if not r.finished()} | {r.lora_id for r in self._inbox}
+        for lora_id in [i for i in self._withdrawn if i not in in_use]:
+            name = self._withdrawn.pop(lora_id)
+            self._unload_lora(name, lora_id)
+            shutil.rmtree(self._published_path(name), ignore_errors=True)
 
     def _on_stream(self, reqs: Sequence[Any]) -> None:
         now = time.monotonic()
@@ -355,7 +383,12 @@ class SglangHost:
     def _unload_lora(self, name: str, lora_id: str) -> None:
         from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
 
-        self._sched.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=name, lora_id=lora_id))
+        result = self._sched.unload_lora_adapter(UnloadLoRAAdapterReqInput(lora_name=name, lora_id=lora_id))
+        if not result.success:  # nothing can use it any more (its name is gone): only its memory stays taken
+            log.warning("SGLang could not unload LoRA adapter %s: %s", name, result.error_message)
+
+    def _published_path(self, name: str) -> Path:
+        return self._tmp / "published" / name.replace("/", "_")
 
     def _check_rank(self, state: LoraAdapterState) -> None:
         if state.config.r > self.config.max_lora_rank:

@@ -257,6 +257,11 @@ class ServeHost(SglangHost):
                  name, path, name, str(path))
         return name
 
+    def retract_adapter(self, name: str) -> None:
+        # The operator loaded the version into the API server (publish_adapter's log line); only that server can
+        # withdraw it, since it resolves names in its own process.
+        log.info("retracted adapter %s: POST /unload_lora_adapter {\"lora_name\": %r} to stop serving it", name, name)
+
 
 class ServeRuntime(EngineRuntime):
     """The CoServer of one SGLang scheduler process."""

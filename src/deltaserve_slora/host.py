@@ -43,6 +43,7 @@ from deltaserve_core.driver import (
     HostConfig,
     check_client_adapter,
     run_to_completion,
+    take_kept,
 )
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
@@ -281,6 +282,8 @@ class SloraHooks:
         directory = self.published_dirs.pop(name, None)
         if directory is None:
             raise KeyError(f"adapter {name!r} is not published on this host")
+        # the driver's submit looks names up here: a version left in it would still be accepted
+        self._adapters.pop(name, None)
         from deltaserve_core.coserve import RETIRED_MARK
 
         self._retired.add(directory)
@@ -363,6 +366,8 @@ class SloraHost(SloraHooks):
                                input_params=self._params, log_stats=False)
         self._loop.run_until_complete(router.wait_to_model_ready())
         self._collector = _OutputCollector()
+        # outputs of submit()ted requests that finished inside a generate() call: the next step() hands them out
+        self._kept: list[ClientOutput] = []
         router.send_to_detokenization = self._collector
         self._attach(router, zero_dir)
         self._closed = False
@@ -442,7 +447,7 @@ class SloraHost(SloraHooks):
     def has_unfinished(self) -> bool:
         # Unfinished until step() returned the output: the collector moves a request to ``finished`` as its last
         # token streams out, before the step's record reaches the core's step sink, which reads this answer.
-        return bool(self._collector.live) or bool(self._collector.finished)
+        return bool(self._collector.live) or bool(self._collector.finished) or bool(self._kept)
 
     def _step(self) -> None:
         try:
@@ -468,7 +473,7 @@ class SloraHost(SloraHooks):
     def step(self) -> list[ClientOutput]:
         self._step()
         out, self._collector.finished = self._collector.finished, []
-        return out
+        return take_kept(self._kept) + out
 
     def run_idle_step(self) -> bool:
         if self.has_unfinished() or self.router.running_batch is not None or self.channel.interceptor is None:
@@ -478,12 +483,13 @@ class SloraHost(SloraHooks):
         return self.channel.forwards > before
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        return run_to_completion(self, requests)
+        return run_to_completion(self, requests, self._kept)
 
     def shutdown(self) -> None:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        self._kept.clear()
         uninstall()
         try:
             import torch.distributed as dist

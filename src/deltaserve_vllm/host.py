@@ -52,6 +52,7 @@ from deltaserve_core.driver import (
     InFlightRequests,
     check_client_adapter,
     run_to_completion,
+    take_kept,
 )
 from deltaserve_core.hooks import (
     RESERVED_ADAPTER_NAME,
@@ -131,6 +132,8 @@ class VllmHost(ChannelHooks):
         self._publishes = itertools.count(1)  # one folder per publish, never overwritten
         self._retired: list[tuple[float, Any]] = []  # (when, LoRARequest) of pruned versions, oldest first
         self._live = InFlightRequests()
+        # outputs of submit()ted requests that finished inside a generate() call: the next step() hands them out
+        self._kept: list[ClientOutput] = []
         self._closed = False
         engine_kwargs = engine_settings(config, cuda=cuda, async_scheduling=self._async)
         engine_kwargs.update({
@@ -277,7 +280,7 @@ class VllmHost(ChannelHooks):
             self._channel.interceptor.on_arrival(request.request_id, now)
 
     def has_unfinished(self) -> bool:
-        return bool(self._live)
+        return bool(self._live) or bool(self._kept)
 
     def step(self) -> list[ClientOutput]:
         outputs = self._engine.step()
@@ -293,7 +296,7 @@ class VllmHost(ChannelHooks):
             # meanwhile (a fine-tuning-only one, say) is unprocessed; its record would then reach whichever sink is
             # installed when stepping resumes. No client output can be lost: none is live.
             self._drain()
-        return done
+        return take_kept(self._kept) + done
 
     def run_idle_step(self) -> bool:
         if self.has_unfinished():
@@ -324,12 +327,13 @@ class VllmHost(ChannelHooks):
         raise RuntimeError(f"vLLM left {len(self._channel.plans)} scheduled step(s) unprocessed after 8 engine steps")
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        return run_to_completion(self, requests)
+        return run_to_completion(self, requests, self._kept)
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._kept.clear()
         llm = getattr(self, "_llm", None)
         if llm is not None:
             core = getattr(llm.llm_engine, "engine_core", None)

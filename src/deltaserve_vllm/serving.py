@@ -128,6 +128,11 @@ class EngineHost(ChannelHooks):
         log.info("published adapter %s: request it as model %r", name, name)
         return name
 
+    def retract_adapter(self, name: str) -> None:
+        # Clients reach versions through the API server's resolver, in another process: it stops serving one once
+        # the core has marked its folder retired (deltaserve_vllm.guard), and the engine's LRU frees the slot.
+        log.info("retracted adapter %s: the API server refuses it once its folder is marked retired", name)
+
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         raise RuntimeError("calibration cannot run inside `vllm serve` (the serving loop owns the engine's steps); "
                            f"run `deltaserve calibrate --host vllm --model {self._model_path} --dtype {self._dtype}` "

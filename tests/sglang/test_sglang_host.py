@@ -269,3 +269,37 @@ def test_every_offered_sample_runs_in_its_step_or_is_reported_aborted(deltaserve
     assert aborted, "no offer exceeded the budget: the check did not exercise refusal"
     ran = [i for r in by_step.values() for i in r.finetune_sample_ids]
     assert len(ran) == len(set(ran))
+
+
+@needs_sglang
+def test_retract_unloads_the_version_once_no_request_runs_on_it(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """retract_adapter withdraws the name at once and unloads SGLang's adapter (its memory-pool slot and weights) and
+    its folder once the last request on it finished: that request keeps its tokens; the other version stays loaded.
+    Before, the host had no retract_adapter and every published version stayed loaded for the server's life."""
+    import dataclasses
+
+    from deltaserve_conformance.harness import handed_copy
+
+    from deltaserve_core.adapter_state import LoraAdapterState
+
+    env = deltaserve_conformance_env
+    host = env.host
+    manager = host._sched.tp_worker.model_runner.lora_manager  # type: ignore[attr-defined]
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="sglang-retract", version=1)
+    old = host.publish_adapter(handed_copy(source))  # type: ignore[attr-defined]
+    new = host.publish_adapter(handed_copy(source.with_tensors(  # type: ignore[attr-defined]
+        {k: -v for k, v in source.tensors.items()}, version=2)))
+    old_id, new_id = host._adapters[old], host._adapters[new]  # type: ignore[attr-defined]
+    request = dataclasses.replace(make_prompts(env, 1, seed=71, max_tokens=6, prefix="retract")[0], adapter=old)
+    baseline = env.run([request])[0]
+    running = dataclasses.replace(request, request_id="retract-running")
+    host.submit(running)  # type: ignore[attr-defined]
+    outputs = list(host.step()) + list(host.step())  # type: ignore[attr-defined]
+    host.retract_adapter(old)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="unknown adapter"):
+        host.submit(dataclasses.replace(request, request_id="retract-refused"))  # type: ignore[attr-defined]
+    assert old_id in manager.loras, "unloaded under a running request"
+    outputs += env.run_stepwise([])
+    assert [o.token_ids for o in outputs] == [baseline.token_ids]
+    assert old_id not in manager.loras and new_id in manager.loras
+    assert not host._published_path(old).exists() and host._published_path(new).exists()  # type: ignore[attr-defined]

@@ -32,9 +32,18 @@ from deltaserve_core.driver import (
     InFlightRequests,
     check_client_adapter,
     run_to_completion,
+    take_kept,
 )
 from deltaserve_core.hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError
-from deltaserve_core.hostkit import HookSlots, InstallsHooks, ProfileDraw, StepPlan, TokenClock, published_name
+from deltaserve_core.hostkit import (
+    HookSlots,
+    InstallsHooks,
+    ProfileDraw,
+    StepPlan,
+    TokenClock,
+    WithdrawnVersions,
+    published_name,
+)
 from deltaserve_core.types import (
     ExecutionMode,
     FineTuneSample,
@@ -90,6 +99,7 @@ class HfHost(InstallsHooks):
         self.model.to(self.device).eval().requires_grad_(False)
         self.peft: Any = None  # the PeftModel wrapping ``self.model``, made when the first adapter is loaded
         self._slots: dict[str, str] = {}  # engine adapter name -> PEFT adapter name
+        self._withdrawn: WithdrawnVersions[str] = WithdrawnVersions()  # PEFT adapter names of retracted versions
         self._slot_ids = itertools.count()
         #: per PEFT adapter: its config and its parameters under LoraAdapterState keys (a new version of the same
         #: shape is copied into them: PEFT's add_adapter walks and rewraps the whole model)
@@ -104,6 +114,8 @@ class HfHost(InstallsHooks):
         self._running: list[_Seq] = []
         # Outputs of the step in progress, finished but not yet returned by step(): still unfinished for the core.
         self._returning: list[ClientOutput] = []
+        # outputs of submit()ted requests that finished inside a generate() call: the next step() hands them out
+        self._kept: list[ClientOutput] = []
         self._lock = threading.Lock()  # submit may run on another thread than step
         self._step_ids = itertools.count()
         eos = getattr(self.model.config, "eos_token_id", None)
@@ -138,10 +150,19 @@ class HfHost(InstallsHooks):
         return name
 
     def retract_adapter(self, name: str) -> None:
-        """Stop serving published version ``name`` (the core prunes old versions)."""
+        """Stop serving published version ``name`` (the core prunes old versions): refused from now on, its PEFT
+        adapter deleted once the last request submitted on it before has finished."""
         slot = self._slots.pop(name, None)
-        if slot is not None and self._slots:  # PEFT keeps at least one adapter loaded
-            self._drop(slot)
+        if slot is not None:
+            self._withdrawn.hold(name, slot)
+            self._drop_withdrawn()
+
+    def _drop_withdrawn(self) -> None:
+        with self._lock:
+            unfinished = [s.request for s in self._waiting]
+        for slot in self._withdrawn.release(unfinished + [s.request for s in self._running]):
+            if self._slots:  # PEFT keeps at least one adapter loaded
+                self._drop(slot)
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         draw = ProfileDraw(shape, self.model.config.vocab_size)
@@ -182,24 +203,26 @@ class HfHost(InstallsHooks):
             self.hooks.interceptor.on_arrival(request.request_id, now)
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running or self._returning)
+        return bool(self._waiting or self._running or self._returning or self._kept)
 
     def step(self) -> list[ClientOutput]:
         try:
-            return self._step(idle=False)[1]
+            done = self._step(idle=False)[1]
         finally:
             self._returning = []
+        return take_kept(self._kept) + done
 
     def run_idle_step(self) -> bool:
         return False if self.has_unfinished() else self._step(idle=True)[0]
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        return run_to_completion(self, requests)
+        return run_to_completion(self, requests, self._kept)
 
     def shutdown(self) -> None:
         with self._lock:
             self._waiting.clear()
         self._running.clear()
+        self._kept.clear()
 
     # ------------------------------------------------------------------------------------ scheduling
 
@@ -248,6 +271,8 @@ class HfHost(InstallsHooks):
                 self.clock.forget(rid)
                 finished.append(out)
         self._returning = finished  # the record below reaches the core before step() returns these
+        if self._withdrawn:
+            self._drop_withdrawn()
         self._deliver(record)
         return True, finished
 
@@ -332,7 +357,7 @@ class HfHost(InstallsHooks):
         ids = ids.to(self.device)
         if self.peft is None:
             return self.model(input_ids=ids, logits_to_keep=1, **kwargs)
-        want = (adapter is not None, None if adapter is None else self._slots[adapter])
+        want = (adapter is not None, None if adapter is None else self._slots.get(adapter) or self._withdrawn[adapter])
         if self._active is None or want[0] != self._active[0]:
             (self.peft.base_model.enable_adapter_layers if want[0] else self.peft.base_model.disable_adapter_layers)()
         if want[1] is not None and (self._active is None or want[1] != self._active[1]):

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from ..adapter_state import LoraAdapterState, parse_peft_key
-from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter, run_to_completion
+from ..driver import ClientOutput, ClientRequest, HostConfig, check_client_adapter, run_to_completion, take_kept
 from ..hooks import RESERVED_ADAPTER_NAME, ActivationSink, ReservedAdapterError, ScheduleInterceptor, StepSink
-from ..hostkit import profile_seed, published_name
+from ..hostkit import WithdrawnVersions, profile_seed, published_name
 from ..registry import HostSpec
 from ..types import (
     ExecutionMode,
@@ -112,6 +112,7 @@ class ReferenceHost:
             mixed = str(config.options.get("mixed_batches", "true")).lower() not in ("0", "false", "no")
         self.mixed = mixed
         self._adapters: dict[str, _Lora] = {}
+        self._withdrawn: WithdrawnVersions[_Lora] = WithdrawnVersions()
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
         self._interceptor: ScheduleInterceptor | None = None
@@ -119,6 +120,8 @@ class ReferenceHost:
         self._step_sink: StepSink | None = None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
+        # outputs of submit()ted requests that finished inside a generate() call: the next step() hands them out
+        self._kept: list[ClientOutput] = []
         self._lock = threading.Lock()
         self._step_ids = itertools.count()
         self._capabilities = HostCapabilities(
@@ -160,8 +163,17 @@ class ReferenceHost:
         return name
 
     def retract_adapter(self, name: str) -> None:
-        """Stop serving published version ``name`` (the core prunes old versions)."""
-        self._adapters.pop(name, None)
+        """Stop serving published version ``name`` (the core prunes old versions): refused from now on, its weights
+        kept until the last request submitted on it before has finished."""
+        lora = self._adapters.pop(name, None)
+        if lora is not None:
+            self._withdrawn.hold(name, lora)
+            self._forget_withdrawn()
+
+    def _forget_withdrawn(self) -> None:
+        with self._lock:
+            unfinished = [s.request for s in self._waiting]
+        self._withdrawn.release(unfinished + [s.request for s in self._running])
 
     def run_profile_step(self, shape: ProfileShape) -> StepRecord:
         gen = torch.Generator().manual_seed(profile_seed(shape))
@@ -211,10 +223,11 @@ class ReferenceHost:
             self._interceptor.on_arrival(request.request_id, now)
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._kept)
 
     def step(self) -> list[ClientOutput]:
-        return self._step(allow_idle=False)
+        outputs = self._step(allow_idle=False)
+        return take_kept(self._kept) + outputs
 
     def run_idle_step(self) -> bool:
         if self.has_unfinished():
@@ -222,11 +235,12 @@ class ReferenceHost:
         return bool(self._step(allow_idle=True, report_executed=True))
 
     def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
-        return run_to_completion(self, requests)
+        return run_to_completion(self, requests, self._kept)
 
     def shutdown(self) -> None:
         self._waiting.clear()
         self._running.clear()
+        self._kept.clear()
 
     # ------------------------------------------------------------------------------------ scheduling
 
@@ -298,6 +312,8 @@ class ReferenceHost:
             out = ClientOutput(s.request.request_id, tuple(s.output), s.arrival_time, s.token_times[0],
                                s.token_times[-1], tuple(s.token_times))
             outputs.append(out)
+        if self._withdrawn:
+            self._forget_withdrawn()
         if report_executed:
             return True
         return outputs
@@ -328,12 +344,13 @@ class ReferenceHost:
                 groups: dict[str, torch.Tensor]) -> torch.Tensor:
         out = module(x)
         for adapter, index in groups.items():
-            pair = self._adapters[adapter].pairs.get((layer, name))
+            lora = self._adapters.get(adapter) or self._withdrawn[adapter]
+            pair = lora.pairs.get((layer, name))
             if pair is None:
                 continue
             a, b = pair
             # Same order of operations as PEFT's LoRA layer: B(A(x)) * scaling, added to the base output.
-            out.index_add_(0, index, (x.index_select(0, index) @ a.T @ b.T) * self._adapters[adapter].scaling)
+            out.index_add_(0, index, (x.index_select(0, index) @ a.T @ b.T) * lora.scaling)
         return out
 
     def _execute(self, step_id: int, rows: list[_Row], tokens: torch.Tensor, synthetic: bool = False) -> StepRecord:
