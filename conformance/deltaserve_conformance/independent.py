@@ -42,7 +42,9 @@ class GreedyMismatch:
 
 class IndependentModel:
     """transformers + PEFT on CPU in fp32, one model per adapter (``None``: the base model); ``dtype`` is the
-    host's, and sets how close two logits may be to count as a near-tie."""
+    host's, and sets how close two logits may be to count as a near-tie. :meth:`layer_inputs` can also run the
+    same reference in the host's dtype: how far that lands from fp32 is the dtype's own noise, which a
+    reduced-precision host is allowed (its rounding grows with depth)."""
 
     def __init__(self, model_dir: Path, dtype: str = "float32") -> None:
         self.model_dir = Path(model_dir)
@@ -51,24 +53,26 @@ class IndependentModel:
         self._tmp = tempfile.TemporaryDirectory(prefix="deltaserve-conformance-ref-")
         self._saved = 0
 
-    def _base(self) -> torch.nn.Module:
+    def _base(self, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        return AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
 
-    def model(self, adapter: LoraAdapterState | Path | None) -> torch.nn.Module:
+    def model(self, adapter: LoraAdapterState | Path | None, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         """The reference for ``adapter``: a PEFT folder, an in-memory state (snapshotted now), or the base model.
 
         States are keyed by identity *and* a fingerprint of their tensors, so a state edited in place after it was
         first used is a different reference (the checks mean the weights as they were when handed to the host)."""
         key: object = None if adapter is None else (str(adapter) if isinstance(adapter, Path)
                                                      else (id(adapter), fingerprint(adapter)))
+        if dtype != torch.float32:
+            key = (key, str(dtype))
         cached = self._models.get(key)
         if cached is not None:
             return cached
         from peft import PeftModel
 
-        base = self._base()
+        base = self._base(dtype)
         if adapter is None:
             model = base
         else:
@@ -76,17 +80,21 @@ class IndependentModel:
             if isinstance(adapter, LoraAdapterState):
                 self._saved += 1
                 folder = adapter.save_pretrained(Path(self._tmp.name) / f"a{self._saved}")
-            model = PeftModel.from_pretrained(base, str(folder)).eval()
+            # in a reduced dtype the adapter stays in it too (PEFT would upcast it to fp32), as an engine's LoRA
+            # kernels run it: the noise this reference measures is then the dtype's, not half of it
+            model = PeftModel.from_pretrained(base, str(folder),
+                                              autocast_adapter_dtype=dtype == torch.float32).eval()
         self._models[key] = model
         return model
 
-    def layer_inputs(self, adapter: LoraAdapterState | Path | None, input_ids: Sequence[int]) -> list[torch.Tensor]:
-        """Residual-stream input of every decoder layer, ``[num_tokens, hidden]`` each."""
-        model = self.model(adapter)
+    def layer_inputs(self, adapter: LoraAdapterState | Path | None, input_ids: Sequence[int],
+                     dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+        """Residual-stream input of every decoder layer, ``[num_tokens, hidden]`` each (fp32 values)."""
+        model = self.model(adapter, dtype)
         inner = model.get_base_model() if hasattr(model, "get_base_model") else model
         captured: list[torch.Tensor] = []
         handles = [layer.register_forward_pre_hook(lambda m, args, kw: captured.append(
-            (args[0] if args else kw["hidden_states"])[0].detach().clone()), with_kwargs=True)
+            (args[0] if args else kw["hidden_states"])[0].detach().float().clone()), with_kwargs=True)
             for layer in inner.model.layers]
         try:
             with torch.no_grad():
