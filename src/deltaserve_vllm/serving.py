@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -197,7 +198,17 @@ class ServeRuntime(EngineRuntime):
 
         Yes while the job has work. When the previous idle step ran nothing, wait a little first: the loop
         would otherwise spin on a CPU the backward process may need, and the wait bounds how late a client
-        request arriving meanwhile is noticed."""
+        request arriving meanwhile is noticed.
+
+        After a stop signal, once vLLM has drained its requests, this is where the final checkpoint is written
+        (:meth:`stop`), on the engine's loop: when the loop ends, vLLM's ``run_engine_core`` resets SIGINT and
+        SIGTERM to their defaults *before* it shuts the executor down, and the API server sends its SIGTERM as
+        soon as the engine has drained, so a save started from the executor's shutdown could be killed half-way
+        (seen when the EngineCore got the terminal's SIGINT after the API server had begun its shutdown)."""
+        if self._stop_signalled_at is not None and not self._stopped:
+            if threading.current_thread() is threading.main_thread():
+                self.stop()
+            return False
         if not self.wants_steps:
             return False
         if self._fruitless_idle:
