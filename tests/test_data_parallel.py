@@ -32,7 +32,7 @@ from deltaserve_core.activation_buffer import ActivationBuffer
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.backward_process import BackwardProcess
 from deltaserve_core.data_parallel import DataParallelRank, RankPool, connect_store, resolve_rank
-from deltaserve_core.job_config import DataParallelSpec, JobConfigError, job_config_from_mapping
+from deltaserve_core.job_config import DataParallelSpec, JobConfig, JobConfigError, job_config_from_mapping
 from deltaserve_core.lora_backward import TrainerConfig
 from deltaserve_core.peft_steps import plain_peft_step
 from deltaserve_core.testing.capture import capture_forward
@@ -492,6 +492,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _two_rank_job(tmp_path, port: int, *, every_steps: int = 3, keep: int = 3,  # noqa: ANN001
+                  step_timeout_s: float = 60.0) -> JobConfig:
+    """The two-rank job of the co-serving tests (here and in test_data_parallel_engines.py): two epochs over 20
+    short records written to ``tmp_path``, one sample per backward unit (``pack_tokens=0``: the path on which fp32 is
+    bit-exact to the per-sample loop), checkpoints in ``tmp_path/ckpt``, the store at ``127.0.0.1:port``."""
+    from deltaserve_core.job_config import CheckpointSpec, PublishSpec, SLOSpec
+
+    topics = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
+    records = [{"instruction": f"Write one sentence about {t} ({i}).", "input": "",
+                "output": f"Here is a short sentence about {t}, number {i}."} for i, t in enumerate(topics * 2)]
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(records))
+    return JobConfig(dataset=str(data), max_length=64, buffer_tokens=512, backward_batch_tokens=96, epochs=2,
+                     pack_tokens=0, slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), seed=3, publish=PublishSpec(policy="never"),
+                     checkpoint=CheckpointSpec(dir=str(tmp_path / "ckpt"), every_steps=every_steps, keep=keep),
+                     data_parallel=DataParallelSpec(world_size=2, rendezvous=f"127.0.0.1:{port}",
+                                                    step_timeout_s=step_timeout_s, claim_samples=3, keep_steps=16))
+
+
 def _drive_ranks(hosts: list, cos: list, *, stop_at: int | None = None) -> None:
     """Step both replicas' engines (idle steps: fine-tuning only) until every rank's job finished, or every rank's
     adapter reached step ``stop_at``."""
@@ -522,21 +541,11 @@ def test_two_coserving_ranks_train_one_job_exactly(tiny_model, tmp_path) -> None
 
     from deltaserve_core.coserve import CoServer
     from deltaserve_core.driver import HostConfig
-    from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
     from deltaserve_core.registry import create_host
 
     from test_coserve import _model, _peft_replay, _requests
 
-    topics = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
-    records = [{"instruction": f"Write one sentence about {t} ({i}).", "input": "",
-                "output": f"Here is a short sentence about {t}, number {i}."} for i, t in enumerate(topics * 2)]
-    data = tmp_path / "train.json"
-    data.write_text(json.dumps(records))
-    job = JobConfig(dataset=str(data), max_length=64, buffer_tokens=512, backward_batch_tokens=96, epochs=2, pack_tokens=0,
-                    slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), seed=3, publish=PublishSpec(policy="never"),
-                    checkpoint=CheckpointSpec(dir=str(tmp_path / "ckpt"), every_steps=3),
-                    data_parallel=DataParallelSpec(world_size=2, rendezvous=f"127.0.0.1:{_free_port()}",
-                                                   step_timeout_s=60.0, claim_samples=3, keep_steps=16))
+    job = _two_rank_job(tmp_path, _free_port())
     hosts = [create_host("reference", HostConfig(model=str(tiny_model))) for _ in range(2)]
     cos = [CoServer(h, job, latency_model=_model(), backward_threads=1, dp_rank=r) for r, h in enumerate(hosts)]
     try:
@@ -585,24 +594,12 @@ def test_a_whole_job_restart_trains_every_sample_once_per_epoch(tiny_model, tmp_
 
     from deltaserve_core.coserve import CoServer
     from deltaserve_core.driver import HostConfig
-    from deltaserve_core.job_config import CheckpointSpec, JobConfig, PublishSpec, SLOSpec
     from deltaserve_core.registry import create_host
 
     from test_coserve import _model, _peft_replay, _requests
 
-    topics = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
-    records = [{"instruction": f"Write one sentence about {t} ({i}).", "input": "",
-                "output": f"Here is a short sentence about {t}, number {i}."} for i, t in enumerate(topics * 2)]
-    data = tmp_path / "train.json"
-    data.write_text(json.dumps(records))
-
     def job(port: int) -> JobConfig:
-        return JobConfig(dataset=str(data), max_length=64, buffer_tokens=512, backward_batch_tokens=96, epochs=2,
-                         pack_tokens=0, slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), seed=3,
-                         publish=PublishSpec(policy="never"),
-                         checkpoint=CheckpointSpec(dir=str(tmp_path / "ckpt"), every_steps=2, keep=50),
-                         data_parallel=DataParallelSpec(world_size=2, rendezvous=f"127.0.0.1:{port}",
-                                                        step_timeout_s=60.0, claim_samples=3, keep_steps=16))
+        return _two_rank_job(tmp_path, port, every_steps=2, keep=50)
 
     hosts = [create_host("reference", HostConfig(model=str(tiny_model))) for _ in range(2)]
     runs = []

@@ -21,9 +21,7 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import json
 import multiprocessing
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,7 +30,8 @@ from typing import Any
 import pytest
 import torch
 
-from deltaserve_core.job_config import CheckpointSpec, DataParallelSpec, JobConfig, PublishSpec, SLOSpec
+from deltaserve_core.job_config import JobConfig
+from test_data_parallel import _free_port, _two_rank_job  # noqa: E402  (tests/ is on sys.path)
 
 pytestmark = pytest.mark.data_parallel
 
@@ -47,9 +46,6 @@ RANK_TIMEOUT_S = float(os.environ.get("DELTASERVE_DP_TIMEOUT", "240" if DEVICE =
 if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("DELTASERVE_DP_DEVICE=cuda needs a CUDA GPU", allow_module_level=True)
 
-TOPICS = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
-
-
 def _model_dir(cache: Path) -> Path:
     from deltaserve_core.testing.tiny_model import build_tiny_llama
 
@@ -61,12 +57,6 @@ def _model_dir(cache: Path) -> Path:
                                 tie_word_embeddings=True, max_position_embeddings=2048, rope_theta=500000.0,
                                 dtype=torch.bfloat16)
     raise ValueError(f"DELTASERVE_DP_SHAPE={SHAPE!r}: use tiny or 1b")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(path: Path, procs: list[Any], timeout_s: float) -> None:
@@ -141,16 +131,7 @@ def test_two_engine_processes_train_one_job_exactly(cache_dir: Path, tmp_path: P
     from test_coserve import _peft_replay, _update_error, assert_within_precision
 
     model = _model_dir(cache_dir)
-    records = [{"instruction": f"Write one sentence about {t} ({i}).", "input": "",
-                "output": f"Here is a short sentence about {t}, number {i}."} for i, t in enumerate(TOPICS * 2)]
-    data = tmp_path / "train.json"
-    data.write_text(json.dumps(records))
-    # pack_tokens=0: one sample per backward unit, the path on which fp32 is bit-exact to the per-sample loop
-    job = JobConfig(dataset=str(data), max_length=64, buffer_tokens=512, backward_batch_tokens=96, epochs=2,
-                    pack_tokens=0, slo=SLOSpec(ttft_s=5.0, tpot_s=5.0), seed=3, publish=PublishSpec(policy="never"),
-                    checkpoint=CheckpointSpec(dir=str(tmp_path / "ckpt"), every_steps=3),
-                    data_parallel=DataParallelSpec(world_size=2, rendezvous=f"127.0.0.1:{_free_port()}",
-                                                   step_timeout_s=120.0, claim_samples=3, keep_steps=16))
+    job = _two_rank_job(tmp_path, _free_port(), step_timeout_s=120.0)
     ctx = multiprocessing.get_context("spawn")
     procs: list[Any] = []
     try:
@@ -176,16 +157,15 @@ def test_two_engine_processes_train_one_job_exactly(cache_dir: Path, tmp_path: P
     assert steps[0] == steps[1] and len(steps[0]) >= 4, f"the ranks saw different global steps: {steps}, {batches}"
     union = [tuple(a) + tuple(b) for a, b in zip(*batches)]
     assert all(union), "a global step without samples was reported"
+    samples = results[0]["samples"]
     counts = Counter(i for step in union for i in step)
-    assert sorted(counts.values()) == [2] * len(records) and len(counts) == len(records), \
-        f"a sample was trained twice or skipped in an epoch: {counts}"
+    assert counts == Counter({i: 2 for i in samples}), f"a sample was trained twice or skipped in an epoch: {counts}"
     assert sum(map(len, batches[0])) and sum(map(len, batches[1])), "one rank trained nothing"
     finals = [r["final"] for r in results]
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0]), "the ranks' adapters differ"
     status = results[0]["status"]
     assert set(status["trained_tokens_by_rank"]) == {"0", "1"} and status["world_size"] == 2
 
-    samples = results[0]["samples"]
     init = results[0]["init"]
     final = {k: v.float() for k, v in finals[0].items()}
     replay = dict(cfg=job.lora, init=init, batches=union, samples=samples, lr=job.lr, weight_decay=job.weight_decay)
