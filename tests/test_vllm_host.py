@@ -320,6 +320,44 @@ def test_graph_sizes_count_only_what_every_lora_case_captured() -> None:
 
 
 @needs_vllm
+def test_a_step_with_finetune_rows_runs_without_graphs_even_without_its_plan(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker forces eager from the rows' request ids, not only from the plan: a step whose plan it cannot find
+    still runs without graphs and is logged, and a plan-carrying step that ran as a graph is logged."""
+    from types import SimpleNamespace
+
+    from vllm.config import CUDAGraphMode
+
+    from deltaserve_vllm.channel import FINETUNE_REQUEST_PREFIX, open_channel
+    from deltaserve_vllm.worker import _WorkerState
+
+    channel = open_channel()
+    state = _WorkerState(channel, SimpleNamespace(input_batch=SimpleNamespace(req_ids=[])), num_layers=2)
+    asked: list[Any] = []
+
+    def dispatcher(**kwargs: Any) -> tuple[CUDAGraphMode, None]:
+        asked.append(kwargs.get("valid_modes"))
+        return (CUDAGraphMode.NONE if kwargs.get("valid_modes") == {CUDAGraphMode.NONE}
+                else CUDAGraphMode.PIECEWISE), None
+
+    def runner(out: Any) -> str:  # a forward whose layer hooks do not fire: a replayed graph
+        state.dispatch(dispatcher, num_tokens=8)
+        return "done"
+
+    client = SimpleNamespace(num_scheduled_tokens={"client-1": 1}, total_num_scheduled_tokens=1)
+    rows = SimpleNamespace(num_scheduled_tokens={"client-1": 1, f"{FINETUNE_REQUEST_PREFIX}7-3": 6},
+                           total_num_scheduled_tokens=7)
+    with caplog.at_level("ERROR", logger="deltaserve_vllm.worker"):
+        state.execute(runner, client)
+        assert asked == [None]  # inference-only: vLLM's own choice
+        assert not [r for r in caplog.records if r.name == "deltaserve_vllm.worker"]
+        state.execute(runner, rows)  # no plan in the channel for this output
+    said = [r.getMessage() for r in caplog.records if r.name == "deltaserve_vllm.worker"]
+    assert asked[-1] == {CUDAGraphMode.NONE}
+    assert any("no plan" in m for m in said), said
+    assert any("carried fine-tuning rows but ran graph" in m for m in said), said
+
+
+@needs_vllm
 def test_declared_graph_modes_match_the_device(deltaserve_conformance_env: ConformanceEnv) -> None:
     caps = deltaserve_conformance_env.host.capabilities()  # type: ignore[attr-defined]
     if DEVICE == "cpu":

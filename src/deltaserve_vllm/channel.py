@@ -24,6 +24,9 @@ from typing import Any
 from deltaserve_core import hostkit
 from deltaserve_core.types import ExecutionMode, StepRecord
 
+#: Request ids of injected fine-tuning rows start with this (the scheduler names them, the worker recognises them).
+FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
+
 __all__ = ["CONFIG_KEY", "SERVE_KEY", "SETTINGS_KEY", "Channel", "StepPlan", "StepTiming", "close_channel",
            "get_channel", "open_channel"]
 

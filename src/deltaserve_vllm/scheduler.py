@@ -58,7 +58,7 @@ from deltaserve_core.types import (
     ScheduledRequest,
 )
 
-from .channel import CONFIG_KEY, StepPlan, get_channel
+from .channel import CONFIG_KEY, FINETUNE_REQUEST_PREFIX, StepPlan, get_channel
 from .graphs import predict_mode
 from .worker import DeferredStepTiming
 
@@ -67,7 +67,6 @@ __all__ = ["EXTRA_ARGS_KEY", "FINETUNE_REQUEST_PREFIX", "AsyncDeltaServeSchedule
 
 #: vLLM request ids of injected fine-tuning rows start with this (never a client id: clients go through
 #: LLMEngine.add_request, which appends a random suffix to whatever id they pass, and the driver refuses it).
-FINETUNE_REQUEST_PREFIX = "__deltaserve_ft__"
 _FROM_REQUEST_TAKES_MROPE = "uses_mrope" in inspect.signature(NewRequestData.from_request).parameters
 #: ``SamplingParams.extra_args`` key under which the driver passes the client id and SLO to the scheduler
 #: (extra_args is a public field that travels with the request into the EngineCore process).

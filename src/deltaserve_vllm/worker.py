@@ -31,6 +31,7 @@ output (:class:`DeferredStepTiming`).
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,10 +41,12 @@ import torch
 from deltaserve_core.types import ExecutionMode
 
 from . import cpu_lora_fix, layer_tap
-from .channel import Channel, StepPlan, StepTiming, get_channel
+from .channel import FINETUNE_REQUEST_PREFIX, Channel, StepPlan, StepTiming, get_channel
 from .weights import WeightMapping, map_hf_weights
 
 __all__ = ["DeferredStepTiming", "DeltaServeWorkerExtension"]
+
+logger = logging.getLogger(__name__)
 
 
 class _AbortForward(Exception):
@@ -92,6 +95,11 @@ class _Step:
         self.plan = plan
         self.scheduler_output = scheduler_output
         self.mode: ExecutionMode | None = None  # set by the layer-0 hook; None means no hook fired
+        # Read from the request ids themselves, not the plan: a step whose plan the worker cannot find must still
+        # run without graphs (a replay would skip its captures) and be reported.
+        self.has_ft_rows = plan is not None and bool(plan.samples) or any(
+            str(rid).startswith(FINETUNE_REQUEST_PREFIX) for rid in scheduler_output.num_scheduled_tokens)
+        self.dispatched: list[str] = []  # the CUDA-graph modes the runner's dispatcher chose for this step
         self.rows: list[tuple[int, int, int]] | None = None  # (sample id, first row, num rows)
         self.start = 0.0
         self.start_event: Any = None  # CUDA event when timed without synchronizing
@@ -153,12 +161,15 @@ class _WorkerState:
         # A CUDA graph replays without running the tap: a step with fine-tuning rows runs without one, so every
         # capture and every abort poll happens (its rows are priced with eager coefficients for this reason).
         step = self.step
-        if step is not None and step.plan is not None and step.plan.samples:
+        if step is not None and step.has_ft_rows:
             from vllm.config import CUDAGraphMode
 
             kwargs["valid_modes"] = {CUDAGraphMode.NONE}
             kwargs.pop("invalid_modes", None)
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if step is not None and step.has_ft_rows:
+            step.dispatched.append(str(result[0]))
+        return result
 
     # -- execute / sample -----------------------------------------------------------------------------
 
@@ -168,6 +179,10 @@ class _WorkerState:
         key = id(scheduler_output)
         plan = self.channel.plans.get(key)
         step = self.step = _Step(key, plan, scheduler_output)
+        if step.has_ft_rows and (plan is None or not plan.samples):
+            logger.error("DeltaServe: a step carries fine-tuning rows but the worker has no plan for it (key %d, "
+                         "plan %s): it runs without CUDA graphs, and its rows are not captured", key,
+                         "missing" if plan is None else f"step {plan.step_id} without samples")
         sink = self.channel.activation_sink if plan is not None and plan.samples and not plan.synthetic else None
         if sink is not None:
             sink.begin_step(plan.step_id, list(plan.samples.values()))  # type: ignore[union-attr]
@@ -198,6 +213,12 @@ class _WorkerState:
 
     def _finish(self, step: _Step) -> None:
         mode = step.mode if step.mode is not None else ExecutionMode.GRAPH
+        if step.has_ft_rows and mode is not ExecutionMode.EAGER and not step.aborted:
+            # Never expected: the dispatcher was told to run this step without graphs. Said loudly, with what the
+            # runner chose, because the step's captures are missing (the record reports the mode truthfully).
+            logger.error("DeltaServe: step %s carried fine-tuning rows but ran %s (layer-0 capture point %s; "
+                         "dispatcher chose %s)", step.plan.step_id if step.plan is not None else "?", mode.value,
+                         "never ran" if step.mode is None else "ran", step.dispatched or "nothing")
         if self.clock is not None and step.start_event is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
