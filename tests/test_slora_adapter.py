@@ -444,3 +444,183 @@ def test_recover_leaves_router_and_model_consistent() -> None:
     server.infer_adapter = consistent
     recover(router, server, ch)
     assert consistent.offloaded == [[]]  # a consistent pool is offloaded through S-LoRA's own path
+
+
+def _fake_slora(monkeypatch: pytest.MonkeyPatch, layers: int, vocab: int):
+    """Just enough of S-LoRA for patches.install on CPU: the router's prefill path (init the model batch, the
+    ModelRpcServer's forward, its sampling of the logits it gets back) and the LoraUnorderedBatchInfer layer loop,
+    with the method names and signatures of c1ddf48. Returns (router, server, what ran)."""
+    import asyncio  # noqa: F401  (the router's methods are coroutines, as S-LoRA's)
+    import sys
+    import types
+
+    ran: list[object] = []
+    base_model = types.SimpleNamespace(layers_num=layers, pre_post_weight=types.SimpleNamespace(
+        lm_head_weight_=torch.zeros(vocab, 8)))
+
+    class LoraUnorderedBatchInfer:
+        def __init__(self, base_model, adapters, infer_adapter=None):  # noqa: ANN001
+            self.base_model = base_model
+
+        def _context_forward(self, input_ids, infer_state, no_lora_compute=False):  # noqa: ANN001
+            embs = torch.zeros(len(input_ids), 8)
+            for i in range(self.base_model.layers_num):
+                embs = self._lora_context_forward(i, embs, infer_state, no_lora_compute)
+            ran.append("head")  # final norm + LM head
+            return torch.full((infer_state.batch_size, vocab), 1.0)
+
+        def _lora_context_forward(self, layer_id, input_embs, infer_state, no_lora_compute=False):  # noqa: ANN001
+            ran.append(layer_id)
+            input_embs += 1.0
+            return input_embs
+
+    class Batch:
+        def __init__(self, batch_id, reqs):  # noqa: ANN001
+            self.batch_id, self.reqs = batch_id, reqs
+
+    class Req:
+        def __init__(self, adapter_dir, request_id, prompt_ids, sample_params):  # noqa: ANN001
+            self.adapter_dir, self.request_id, self.input_len = adapter_dir, request_id, len(prompt_ids)
+            self.prompt_ids, self.aborted = prompt_ids, False
+
+    class SamplingParams:
+        def __init__(self, **kwargs):  # noqa: ANN003
+            self.__dict__.update(kwargs)
+
+    class InferBatch:
+        def __init__(self, reqs):  # noqa: ANN001
+            self.requests = [{"request_id": r.request_id} for r in reqs]
+            self.input_lengths = [r.input_len for r in reqs]
+            self.adapter_dirs = [r.adapter_dir for r in reqs]
+            self.input_ids = torch.zeros(sum(self.input_lengths), dtype=torch.long)
+
+    class Server:
+        def __init__(self):
+            self.cache: dict = {}
+            self.model = types.SimpleNamespace(mem_manager=types.SimpleNamespace(can_use_mem_size=10_000))
+            self.infer_adapter = types.SimpleNamespace(adapter_dirs=[], offload_adapters=lambda *a, **k: None)
+
+        def forward(self, batch_id, is_prefill):  # noqa: ANN001
+            batch = self.cache.pop(batch_id)  # as S-LoRA: the batch is out of the cache during the forward
+            engine = LoraUnorderedBatchInfer(base_model, batch.adapter_dirs)
+            state = types.SimpleNamespace(batch_size=len(batch.requests))
+            logits = engine._context_forward(batch.input_ids, state)
+            ran.append(("sampled", tuple(logits.shape), float(logits.abs().sum())))
+            self.cache[batch_id] = batch
+            return {r["request_id"]: (int(logits[i].argmax()), {}) for i, r in enumerate(batch.requests)}
+
+    server = Server()
+
+    class Queue:
+        def __init__(self):
+            self.waiting_req_list: list = []
+
+        def generate_new_batch(self, current_batch, lora_ranks):  # noqa: ANN001
+            if not self.waiting_req_list:
+                return None
+            reqs, self.waiting_req_list = self.waiting_req_list, []
+            return Batch(f"b{len(ran)}", reqs)
+
+    class Router:
+        def __init__(self):
+            self.req_queue = Queue()
+            self.input_params = types.SimpleNamespace(batch_max_tokens=4096, running_max_req_size=64)
+            self.lora_ranks = {"ft": 8, "client": 8}
+            self.sent: list = []
+
+        async def _prefill_batch(self, batch, minibatch=True):  # noqa: ANN001
+            server.cache[batch.batch_id] = InferBatch(batch.reqs)
+            out = server.forward(batch.batch_id, True)
+            self._send_to_detokenization_proc(batch, out)
+            server.cache.pop(batch.batch_id)  # every row finished (1 token): S-LoRA removes the batch
+
+        async def _decode_batch(self, batch):  # noqa: ANN001
+            raise AssertionError("no decode in these steps")
+
+        def _send_to_detokenization_proc(self, batch, req_ans):  # noqa: ANN001
+            self.sent.append(dict(req_ans))
+
+    infer_mod = types.ModuleType("slora.models.peft.lora_unordered_batch_infer")
+    infer_mod.LoraUnorderedBatchInfer = LoraUnorderedBatchInfer  # type: ignore[attr-defined]
+    io_mod = types.ModuleType("slora.server.io_struct")
+    io_mod.Batch, io_mod.Req = Batch, Req  # type: ignore[attr-defined]
+    sp_mod = types.ModuleType("slora.server.sampling_params")
+    sp_mod.SamplingParams = SamplingParams  # type: ignore[attr-defined]
+    for name in ("slora", "slora.models", "slora.models.peft", "slora.server"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for mod in (infer_mod, io_mod, sp_mod):
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    router = Router()
+    router.Req = Req  # type: ignore[attr-defined]
+    return router, server, ran
+
+
+def test_abort_stops_a_finetune_only_step_at_the_layer_boundary_and_no_other() -> None:
+    """supports_abort on S-LoRA, through patches.install over a CPU stand-in for S-LoRA's prefill path: in a
+    fine-tuning-only step should_abort is polled before every layer; when it says True the layer loop stops there
+    (no later layer, no LM head), the sink is told every sample aborted, S-LoRA's sampler gets zero logits of its
+    usual shape, the record lists the samples aborted; the next step runs whole, and a step with client rows is
+    never aborted (nor polled)."""
+    import asyncio
+
+    from deltaserve_conformance.harness import Recorder
+    from deltaserve_core.types import FineTuneSample
+    from deltaserve_slora import patches
+
+    mp = pytest.MonkeyPatch()
+    router, server, ran = _fake_slora(mp, layers=4, vocab=11)
+    ch = patches.Channel()
+    ch.reserved_dir = "ft"
+    try:
+        assert patches.install(router, server, ch) == [p.target for p in patches.ROUTER_PATCHES]
+
+        def sample(i: int, n: int) -> FineTuneSample:
+            return FineTuneSample(i, tuple(range(1, n + 1)), (True,) * n)
+
+        def step(rec: Recorder, samples: list[FineTuneSample], client: int = 0) -> int:
+            ch.interceptor, ch.activation_sink, ch.step_sink = rec, rec, rec
+            rec.inject = lambda batch: samples if not rec.injected else ()
+            router.req_queue.waiting_req_list = [router.Req("client", f"c{i}", [5, 6, 7], None) for i in range(client)]
+            batch = router.req_queue.generate_new_batch(None, router.lora_ranks)
+            ran.clear()
+            asyncio.run(router._prefill_batch(batch))
+            (step_id,) = rec.injected
+            return step_id
+
+        # aborted at the boundary before layer 2 (the third poll answers True)
+        rec = Recorder(abort_after_layer=2)
+        sid = step(rec, [sample(1, 5), sample(2, 3)])
+        assert ran == [0, 1, ("sampled", (2, 11), 0.0)]  # layers 0 and 1 ran; no layer 2, no LM head; zeros
+        assert [p for s, p in rec.abort_polls if s == sid] == [0, 1, 2]
+        assert sorted({layer for s, layer, _, _ in rec.captures if s == sid}) == [0, 1]
+        assert rec.ended == [(sid, (), (1, 2))]
+        (record,) = rec.records
+        assert record.step_id == sid and sorted(record.aborted_sample_ids) == [1, 2]
+        assert not record.finetune_sample_ids and not record.finetune_lengths
+        assert router.sent[-1] == {}  # the rows' tokens never reach the output stage
+        assert patches._CAPTURE == patches._IDLE_CAPTURE and patches._ACTIVE is None
+
+        # at layer 0: nothing runs
+        rec = Recorder(abort_after_layer=0)
+        sid = step(rec, [sample(3, 4)])
+        assert ran == [("sampled", (1, 11), 0.0)] and not rec.captures and rec.ended == [(sid, (), (3,))]
+
+        # the next fine-tuning-only step, not aborted: every layer, completed
+        rec = Recorder()
+        sid = step(rec, [sample(4, 6)])
+        assert ran[:5] == [0, 1, 2, 3, "head"] and len(rec.abort_polls) == 4
+        assert rec.ended == [(sid, (4,), ())]
+        (record,) = rec.records
+        assert record.finetune_sample_ids == (4,) and record.finetune_lengths == (6,) and not record.aborted_sample_ids
+
+        # rows sharing a step with client rows complete whatever should_abort would say
+        rec = Recorder(abort_after_layer=0)
+        sid = step(rec, [sample(5, 2)], client=2)
+        assert ran[:5] == [0, 1, 2, 3, "head"] and not rec.abort_polls and rec.ended == [(sid, (5,), ())]
+        (record,) = rec.records
+        assert record.finetune_sample_ids == (5,) and not record.aborted_sample_ids and record.prefill_lengths == (3, 3)
+        assert set(router.sent[-1]) == {"c0", "c1"}
+    finally:
+        patches.uninstall()
+        mp.undo()

@@ -143,6 +143,68 @@ def test_outputs_identical_to_stock_slora_and_no_finetune_row_reaches_client(hos
     print(f"stock S-LoRA adapter-#0 bug reproduced on mixed batches: {seen}")
 
 
+def test_aborted_step_leaves_slora_as_a_finished_step_does(host, tiny_adapter: Path) -> None:
+    """A client request arrives during a fine-tuning-only step and the sink asks to abort (the core's
+    should_abort): the step stops at that layer boundary, its samples are reported aborted, and S-LoRA is left as
+    after any finished step: no batch in the router or the model, every KV cell free again, no fine-tuning token
+    at the output stage; the request that arrived is served next, with the tokens it gets without any abort."""
+    from deltaserve_conformance.harness import Recorder
+    from deltaserve_core.adapter_state import LoraAdapterState
+    from deltaserve_core.types import FineTuneSample
+
+    host.set_finetune_adapter(LoraAdapterState.load_pretrained(tiny_adapter, name="abort-test", version=0))
+    (late,) = _reqs("abort-late", "client", n=1, seed=7)
+    want = {o.request_id: o.token_ids for o in host.generate([late])}[late.request_id]
+    mm = host.server.model.mem_manager
+
+    def ft_only_step(rec: Recorder) -> None:
+        host.intercept_schedule(rec)
+        host.capture_activation(rec)
+        host.report_step_time(rec)
+        try:
+            assert host.run_idle_step() is True
+        finally:
+            host.intercept_schedule(None)
+            host.capture_activation(None)
+            host.report_step_time(None)
+
+    # the same step, not aborted: the free KV cells it leaves (the reserved adapter stays in the pool after a
+    # prefill, as S-LoRA keeps adapters loaded after a prefill minibatch) are what the aborted step must leave too
+    whole = [FineTuneSample(80_000 + i, tuple(range(11, 11 + n)), (True,) * n) for i, n in enumerate((40, 24))]
+    ref = Recorder(inject=lambda batch: whole if batch.is_empty and not ref.injected else ())
+    ft_only_step(ref)
+    assert [r.finetune_sample_ids for r in ref.records if r.finetune_sample_ids] == [(80_000, 80_001)]
+    free_before = int(mm.can_use_mem_size)
+    samples = [FineTuneSample(90_000 + i, tuple(range(11, 11 + n)), (True,) * n) for i, n in enumerate((40, 24))]
+    rec = Recorder(inject=lambda batch: samples if batch.is_empty and not rec.injected else (), abort_after_layer=1)
+    poll = rec.should_abort
+    arrived: list[str] = []
+
+    def arrival_then_poll(step_id: int) -> bool:
+        if not arrived:  # the client request enters the host while the step runs (a server's request thread)
+            arrived.append(late.request_id + "-again")
+            host.submit(type(late)(arrived[0], late.prompt_ids, late.max_tokens, adapter=late.adapter))
+        return poll(step_id)
+
+    rec.should_abort = arrival_then_poll  # type: ignore[method-assign]
+    ft_only_step(rec)
+    (step_id,) = rec.injected
+    record = rec.record_for(step_id)
+    ids = sorted(s.sample_id for s in samples)
+    assert record is not None and sorted(record.aborted_sample_ids) == ids and not record.finetune_sample_ids
+    assert [e for e in rec.ended if e[0] == step_id] == [(step_id, (), tuple(s.sample_id for s in samples))]
+    assert {layer for s, layer, _, _ in rec.captures if s == step_id} == {0}
+    assert host.router.running_batch is None and not host.server.cache, "the aborted rows were not retired"
+    assert int(mm.can_use_mem_size) == free_before, "KV cells of the aborted rows were not freed"
+    assert not host._collector.strays, "a fine-tuning row's token reached the output stage"
+    outs: dict = {}
+    for _ in range(64):
+        outs.update({o.request_id: o.token_ids for o in host.step()})
+        if not host.has_unfinished():
+            break
+    assert outs.get(arrived[0]) == want
+
+
 @pytest.mark.exactness
 def test_training_through_slora_equals_plain_peft(host, dataset: Path, tiny_model: Path, tmp_path: Path) -> None:
     """S-LoRA computes in fp16 only, so the trained update is held to fp16's own noise: its distance from fp32

@@ -15,7 +15,15 @@
 # annotated-types, typing-inspection, typing-extensions), installed to /tmp/site. SLORA_COMMIT names the S-LoRA
 # commit in the JSON when the source has no git metadata.
 # A partial run (SLORA_CONFORMANCE=0, SLORA_PYTEST_ARGS selecting tests, e.g. "-k operator_path") skips the
-# conformance suite and the JSON summary. SLORA_REPRO=1 builds, runs benchmarks/gpu/slora_repro.py only, and exits.
+# conformance suite and the JSON summary. SLORA_CONFORMANCE_ARGS: pytest arguments for the conformance suite (default
+# none: the whole suite, every abort check included now that the host declares supports_abort); a selection, e.g.
+# SLORA_CONFORMANCE_ARGS='-k "abort or layer_input_arrives or stateful"', also skips the JSON summary.
+# SLORA_REPRO=1 builds, runs benchmarks/gpu/slora_repro.py only, and exits.
+#
+# On the borrowed GPU (see ../shared/tools/slora-gpu/README.md for preparing .slora: the S-LoRA source by
+# `git archive` into .slora/src, the wheels S-LoRA needs into .slora/whl), a `run` call with carry [".slora"]:
+#   SLORA_SRC=.slora/src SLORA_WHEELS=.slora/whl SLORA_COMMIT=c1ddf48 T_CONF=300 T_TEST=330 \
+#     DELTASERVE_COMMIT=$(git rev-parse --short HEAD) OUT=$OUT/slora bash benchmarks/gpu/slora_h200.sh
 set -uo pipefail
 SLORA_SRC=${SLORA_SRC:?set SLORA_SRC to an S-LoRA checkout}
 OUT=${OUT:-benchmarks/results}
@@ -57,8 +65,9 @@ if [ "${SLORA_REPRO:-0}" = 1 ]; then  # only the replay of the 2026-12-02 confor
 fi
 
 if [ "${SLORA_CONFORMANCE:-1}" = 1 ]; then
+eval "conf_args=(${SLORA_CONFORMANCE_ARGS:-})"  # a list of pytest arguments, shell-quoted (a -k expression)
 timeout ${T_CONF:-240} deltaserve conformance slora --device cuda --dtype float16 -v -- -p no:cacheprovider \
-  --junitxml="$OUT/slora_logs/conformance.xml" 2>&1 | tee "$OUT/slora_logs/conformance.txt" | tail -25
+  --junitxml="$OUT/slora_logs/conformance.xml" "${conf_args[@]}" 2>&1 | tee "$OUT/slora_logs/conformance.txt" | tail -25
 fi
 # shellcheck disable=SC2086  # SLORA_PYTEST_ARGS is a list of pytest arguments
 timeout ${T_TEST:-420} python3 -m pytest tests/test_slora_gpu.py ${SLORA_PYTEST_ARGS:-} -v -s -p no:cacheprovider -rs \
@@ -66,5 +75,5 @@ timeout ${T_TEST:-420} python3 -m pytest tests/test_slora_gpu.py ${SLORA_PYTEST_
   | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|adapter after|bug reproduced|Error" | tail -40
 # the operator-path test's server logs (launcher, stock server, calibration), kept for reading
 find /tmp/pytest-of-*/ -path "*slora-operator*" -name "*.log" -exec cp --backup=numbered {} "$OUT/slora_logs/" \; 2>/dev/null
-[ "${SLORA_CONFORMANCE:-1}" = 1 ] || exit 0
+[ "${SLORA_CONFORMANCE:-1}" = 1 ] && [ -z "${SLORA_CONFORMANCE_ARGS:-}" ] || exit 0
 python3 benchmarks/gpu/slora_results.py --logs "$OUT/slora_logs" --slora "$BUILD" --out "$OUT/slora_h200.json"

@@ -18,7 +18,10 @@ The :class:`HostHooks` half is :class:`SloraHooks`, shared with the operator pat
 API server with DeltaServe in its router process); :class:`SloraHost` adds the driver.
 
 S-LoRA runs fp16 on CUDA only (its kernels and ``exposed_add_batch`` accept fp16 only): other dtypes/devices are
-refused. Grouped-query models are served as their exact MHA expansion (:mod:`.layout`).
+refused. A fine-tuning-only step stops at the next decoder-layer boundary when the activation sink's
+``should_abort`` says so (a client request arrived; :mod:`.patches`, the ``_context_forward`` wrap): its samples are
+reported aborted in the step's record and S-LoRA retires the rows as after any step. Grouped-query models are
+served as their exact MHA expansion (:mod:`.layout`).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ class SloraHooks:
         self._capabilities = HostCapabilities(
             engine="slora", engine_version=engine_version(checkout), mixed_batches=False,
             graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype="float16", device=device,
-            supports_abort=False, max_finetune_tokens_per_step=max_batch_tokens)
+            supports_abort=True, max_finetune_tokens_per_step=max_batch_tokens)
 
     def _attach(self, router: Any, zero_dir: str | None = None) -> None:
         """Bind the ready router and apply the patches. ``zero_dir``: the all-zero adapter of the base-request fix

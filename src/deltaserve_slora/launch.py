@@ -293,7 +293,7 @@ def router_process(settings: LaunchSettings, args: Any, router_port: int, detoke
     from .patches import PATCHES, install_router_start
 
     # the launcher process's wraps (api_server.main's spawn targets)
-    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target, PATCHES[12].target])
+    runtime = RouterRuntime(settings, checkout, applied=[PATCHES[7].target, PATCHES[13].target])
     runtime.applied += install_router_start(manager.RouterManager, runtime.attach)
     try:
         manager.start_router_process(args, router_port, detokenization_port, model_rpc_ports, mode, pipe_writer)

@@ -2,9 +2,9 @@
 
 Nothing in the user's checkout is edited: the wraps are applied at run time, before the router steps, and
 removed by :func:`uninstall`. Router-side wraps are on the *instances* (this router, its request queue, its
-``ModelRpcServer``); the two model-side wraps are on the class ``LoraUnorderedBatchInfer`` because S-LoRA builds
+``ModelRpcServer``); the three model-side wraps are on the class ``LoraUnorderedBatchInfer`` because S-LoRA builds
 a fresh instance of it inside every ``forward`` (its layers are plain classes, not ``nn.Module``: there are no
-module hooks to use). Both class wraps pass straight through unless a step of this process's DeltaServe host is
+module hooks to use). The class wraps pass straight through unless a step of this process's DeltaServe host is
 running. :data:`PATCHES` is the record (``docs/slora-adapter.md`` prints it); :func:`install` refuses to wrap
 anything not in it and reports what it wrapped, which the GPU test compares with the record.
 
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from deltaserve_core.hostkit import HookSlots, PatchRecord, StepPlan, check_patch_records
+from deltaserve_core import hostkit
+from deltaserve_core.hostkit import HookSlots, PatchRecord, check_patch_records
 from deltaserve_core.types import (
     ExecutionMode,
     FineTuneSample,
@@ -33,9 +34,9 @@ from deltaserve_core.types import (
     StepRecord,
 )
 
-__all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "ROUTER_PATCHES", "Channel", "Patch", "StepPlan", "install",
-           "install_arrivals", "install_idle_loop", "install_router_start", "install_server_entry", "loaded_reserve",
-           "note_arrival", "recover", "uninstall", "uninstall_operator"]
+__all__ = ["FINETUNE_REQUEST_PREFIX", "PATCHES", "ROUTER_PATCHES", "Channel", "Patch", "StepPlan", "StopForward",
+           "install", "install_arrivals", "install_idle_loop", "install_router_start", "install_server_entry",
+           "loaded_reserve", "note_arrival", "recover", "uninstall", "uninstall_operator"]
 
 _log = logging.getLogger("deltaserve.slora")
 
@@ -85,7 +86,9 @@ PATCHES: tuple[PatchRecord, ...] = (
           "forward(batch_id, is_prefill) renamed, InferBatch.requests/input_lengths changing, or TP > 1 (rpyc)"),
     Patch("slora.models.peft.lora_unordered_batch_infer.LoraUnorderedBatchInfer._lora_context_forward", "class",
           "per-layer capture: the residual stream entering decoder layer i (input_embs, updated in place by the "
-          "layer, so the sink copies it) is handed to the activation sink for each fine-tuning row",
+          "layer, so the sink copies it) is handed to the activation sink for each fine-tuning row; before that, in "
+          "a fine-tuning-only step, the sink's should_abort is polled and StopForward raised when it answers True "
+          "(the _context_forward wrap below ends the forward there)",
           "_context_forward no longer calling self._lora_context_forward(i, input_embs, infer_state, ...) per layer"),
     Patch("slora.models.peft.lora_unordered_batch_infer.LoraUnorderedBatchInfer.__init__", "class",
           "fixes S-LoRA's base-request bug: rows without an adapter keep req_bins == 0 and silently get adapter #0 of "
@@ -126,6 +129,19 @@ PATCHES: tuple[PatchRecord, ...] = (
           "S-LoRA queues it and its scheduler raises KeyError on it in every later step",
           "add_req(adapter_dir, prompt_ids, sampling_params, request_id) renamed, or requests entering the queue "
           "another way", applies="operator"),
+    Patch("slora.models.peft.lora_unordered_batch_infer.LoraUnorderedBatchInfer._context_forward", "class",
+          "abort: the per-layer wrap above polls the activation sink's should_abort before every decoder layer of a "
+          "fine-tuning-only step and raises StopForward at the boundary where it answers True; this wrap of the "
+          "prefill layer loop catches it, tells the sink (end_step, every sample aborted) and returns the logits "
+          "S-LoRA's sampler expects (zeros, [batch, vocab], float32: what post_infer.token_forward returns), so "
+          "ModelRpcServer.forward and the router finish the step as any other: the rows (max_new_tokens=1) take "
+          "their one token, retire, and their KV cells are freed; their token never reaches the output stage "
+          "(output filter above). No layer, final norm or LM head runs after the abort",
+          "_context_forward(input_ids, infer_state, no_lora_compute) no longer being the prefill forward's layer loop "
+          "over _lora_context_forward whose return value sample() takes, infer_state.batch_size or "
+          "base_model.pre_post_weight.lm_head_weight_ renamed, or TP > 1 (lm_head_weight_ is then a vocab shard)",
+          remove_when="when DeltaServe drops S-LoRA, or a maintained fork offers a stoppable forward (the abort "
+          "goes with the per-layer wrap)"),
     Patch("slora.server.router.model_infer.infer_adapter.InferAdapter.offload_adapters", "instance",
           "fixes S-LoRA's offload crash: offload_adapters(reserve) with a non-empty reserve that keeps none of the "
           "loaded adapters (e.g. {None}: only base rows left) raises IndexError at `new_a_start[0] = 0` after it "
@@ -154,6 +170,21 @@ PATCHES: tuple[PatchRecord, ...] = (
 #: the patches every router DeltaServe runs in gets (:func:`install`); the rest are the operator path's
 ROUTER_PATCHES: tuple[PatchRecord, ...] = tuple(p for p in PATCHES if p.applies == "router")
 check_patch_records(PATCHES)
+
+
+@dataclass
+class StepPlan(hostkit.StepPlan):
+    #: the forward stopped at a layer boundary because the sink asked (fine-tuning-only steps only)
+    aborted: bool = False
+
+    @property
+    def ft_only(self) -> bool:
+        return bool(self.samples) and not self.prefill_lengths and not self.num_decode
+
+
+class StopForward(Exception):
+    """Raised at a layer boundary of a fine-tuning-only step whose sink asked to abort (caught by the
+    ``_context_forward`` wrap)."""
 
 
 @dataclass
@@ -302,7 +333,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
     _wrap(queue, "generate_new_batch", PATCHES[0].target, wrap_generate, ch.installed)
 
     def report(plan: StepPlan) -> None:
-        record = plan.to_record()
+        record = plan.to_record(aborted=plan.aborted)
         if plan.synthetic:
             ch.profile_records.append(record)
         elif ch.step_sink is not None:
@@ -387,7 +418,8 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             ch.current, _ACTIVE = plan, ch
             ch.forwards += 1
             _CAPTURE.update(sink=sink, rows=rows, step_id=plan.step_id if plan is not None else -1,
-                            synthetic_rows=rows if sink is None else {})
+                            synthetic_rows=rows if sink is None else {},
+                            abortable=_abortable(plan, sink, rows, len(infer_batch.requests)))
             torch.cuda.synchronize()
             start_t = time.monotonic()
             try:
@@ -396,10 +428,10 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
                 torch.cuda.synchronize()
                 end_t = time.monotonic()
                 ch.current, _ACTIVE = None, None
-                _CAPTURE.update(sink=None, rows={}, step_id=-1, synthetic_rows={})
+                _CAPTURE.update(_IDLE_CAPTURE)
                 if plan is not None:
                     plan.start, plan.duration, plan.ran = start_t, end_t - start_t, True
-                if sink is not None:
+                if sink is not None and not plan.aborted:  # type: ignore[union-attr]  # an abort told the sink already
                     ids = [s.sample_id for s in plan.samples.values()]  # type: ignore[union-attr]
                     sink.end_step(plan.step_id, ids, [])  # type: ignore[union-attr]
         return forward
@@ -407,20 +439,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
     _wrap(server, "forward", PATCHES[4].target, wrap_forward, ch.installed)
 
     # -- model side (class-level; inert unless _ACTIVE) ----------------------------------------------------
-    def wrap_layer(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def _lora_context_forward(self: Any, layer_id: int, input_embs: Any, infer_state: Any,
-                                  no_lora_compute: bool = False) -> Any:
-            sink = _CAPTURE["sink"]
-            if sink is not None:
-                for sid, (s, n) in _CAPTURE["rows"].items():
-                    sink.layer_input(_CAPTURE["step_id"], layer_id, sid, input_embs[s:s + n])
-            else:
-                for s, n in _CAPTURE["synthetic_rows"].values():  # calibration prices the copy a sink makes
-                    input_embs[s:s + n].clone()
-            return orig(self, layer_id, input_embs, infer_state, no_lora_compute)
-        return _lora_context_forward
-
-    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].target, wrap_layer, ch.installed)
+    _wrap(LoraUnorderedBatchInfer, "_lora_context_forward", PATCHES[5].target, _wrap_layer, ch.installed)
 
     def wrap_init(orig: Callable[..., Any]) -> Callable[..., Any]:
         def __init__(self: Any, base_model: Any, adapters: list[Any], infer_adapter: Any = None) -> None:
@@ -438,6 +457,7 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
         return __init__
 
     _wrap(LoraUnorderedBatchInfer, "__init__", PATCHES[6].target, wrap_init, ch.installed)
+    _wrap(LoraUnorderedBatchInfer, "_context_forward", PATCHES[11].target, _wrap_context_forward, ch.installed)
 
     # -- adapter offload (S-LoRA crash when the reserve keeps no loaded adapter) -------------------------------
     pool = server.infer_adapter
@@ -447,11 +467,77 @@ def install(router: Any, server: Any, ch: Channel) -> list[str]:
             return orig(loaded_reserve(pool.adapter_dirs, reserve_adapter_dirs), *args, **kwargs)
         return offload_adapters
 
-    _wrap(pool, "offload_adapters", PATCHES[11].target, wrap_offload, ch.installed)
+    _wrap(pool, "offload_adapters", PATCHES[12].target, wrap_offload, ch.installed)
     return list(ch.installed)
 
 
-_CAPTURE: dict[str, Any] = {"sink": None, "rows": {}, "step_id": -1, "synthetic_rows": {}}
+#: what the class-level model wraps read: the step's sink and rows (set by the forward wrap for one forward)
+_IDLE_CAPTURE: dict[str, Any] = {"sink": None, "rows": {}, "step_id": -1, "synthetic_rows": {}, "abortable": None}
+_CAPTURE: dict[str, Any] = dict(_IDLE_CAPTURE)
+
+
+def _abortable(plan: StepPlan | None, sink: Any, rows: dict[int, tuple[int, int]], num_requests: int
+               ) -> StepPlan | None:
+    """The plan of a forward that may stop at a layer boundary, else None: a served (not synthetic) prefill whose
+    rows are all fine-tuning rows, with a sink capturing them. Rows that share a step with client rows are never
+    aborted (they complete with it), and calibration steps run whole."""
+    if plan is None or sink is None or plan.synthetic or not plan.ft_only or len(rows) != num_requests:
+        return None
+    return plan
+
+
+def _should_stop() -> bool:
+    """Polled before every decoder layer of a prefill (the layer wrap): whether to stop the forward there."""
+    plan = _CAPTURE["abortable"]
+    return plan is not None and bool(_CAPTURE["sink"].should_abort(plan.step_id))
+
+
+def _stopped() -> None:
+    """The forward stopped at a layer boundary: every row goes back to the pool, told now, not after the sampler
+    and S-LoRA's result processing have run. The step's record (``_prefill_batch`` wrap) lists them aborted."""
+    plan = _CAPTURE["abortable"]
+    plan.aborted = True
+    _CAPTURE["sink"].end_step(plan.step_id, [], list(plan.sample_ids))
+
+
+def _wrap_layer(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``LoraUnorderedBatchInfer._lora_context_forward`` (one decoder layer of a prefill): the abort poll, then the
+    layer's input handed to the sink for each fine-tuning row, then the layer."""
+    def _lora_context_forward(self: Any, layer_id: int, input_embs: Any, infer_state: Any,
+                              no_lora_compute: bool = False) -> Any:
+        if _should_stop():
+            raise StopForward
+        sink = _CAPTURE["sink"]
+        if sink is not None:
+            for sid, (s, n) in _CAPTURE["rows"].items():
+                sink.layer_input(_CAPTURE["step_id"], layer_id, sid, input_embs[s:s + n])
+        else:
+            for s, n in _CAPTURE["synthetic_rows"].values():  # calibration prices the copy a sink makes
+                input_embs[s:s + n].clone()
+        return orig(self, layer_id, input_embs, infer_state, no_lora_compute)
+    return _lora_context_forward
+
+
+def _wrap_context_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """``LoraUnorderedBatchInfer._context_forward`` (the prefill's layer loop, then final norm and LM head): a
+    :class:`StopForward` from a layer boundary ends it with the logits S-LoRA's sampler takes (zeros: the step
+    holds only fine-tuning rows, finished by ``max_new_tokens=1`` whatever they sample), so S-LoRA's own
+    ``ModelRpcServer.forward`` and router finish the rows and free their KV cells as after any step."""
+    def _context_forward(self: Any, input_ids: Any, infer_state: Any, no_lora_compute: bool = False) -> Any:
+        try:
+            return orig(self, input_ids, infer_state, no_lora_compute)
+        except StopForward:
+            _stopped()
+            return _empty_logits(self.base_model, infer_state.batch_size, input_ids)
+    return _context_forward
+
+
+def _empty_logits(base_model: Any, batch_size: int, input_ids: Any) -> Any:
+    """Zero logits shaped as ``post_infer.token_forward(..., return_logics=True)`` returns them (TP=1)."""
+    import torch
+
+    vocab = int(base_model.pre_post_weight.lm_head_weight_.shape[0])
+    return torch.zeros((batch_size, vocab), dtype=torch.float32, device=input_ids.device)
 
 
 def loaded_reserve(loaded: Any, reserve: Any) -> list[Any]:
@@ -500,7 +586,7 @@ def recover(router: Any, server: Any, ch: Channel) -> list[str]:
             setattr(pool, name, getattr(fresh, name))
     ch.plans.clear()
     ch.current, _ACTIVE = None, None
-    _CAPTURE.update(sink=None, rows={}, step_id=-1, synthetic_rows={})
+    _CAPTURE.update(_IDLE_CAPTURE)
     return [rid for rid in dropped if not rid.startswith(FINETUNE_REQUEST_PREFIX)]
 
 
@@ -525,7 +611,7 @@ def install_server_entry(api_server: types.ModuleType, entry: Callable[..., None
     Both must be picklable by reference (S-LoRA's server uses the spawn start method)."""
     names: list[str] = []
     _wrap(api_server, "start_router_process", PATCHES[7].target, lambda _orig: entry, names, _LAUNCH_UNDO)
-    _wrap(api_server, "start_detokenization_process", PATCHES[12].target, lambda _orig: detokenizer_entry, names,
+    _wrap(api_server, "start_detokenization_process", PATCHES[13].target, lambda _orig: detokenizer_entry, names,
           _LAUNCH_UNDO)
     return names
 
