@@ -198,10 +198,12 @@ class Invariants:
                 raise self.fail("intercept_schedule", f"step {step}: injected fine-tuning rows (id: tokens) {want} "
                                 f"within the host's caps; expected all run whole in that step, the record lists "
                                 f"completed {done}, aborted {sorted(aborted)}")
-            if injected and record.mode is not ExecutionMode.EAGER:
+            # Rows the host refused never ran (the step is a client step, which may replay a graph); rows it ran
+            # whole, or stopped at a layer boundary, did run and must have been captured.
+            if (done or step in self.abort_at) and record.mode is not ExecutionMode.EAGER:
                 raise self.fail("graph_mode", f"step {step} carried fine-tuning rows but ran {record.mode.value}; "
                                 "expected eager")
-            if not injected:
+            if not (done or step in self.abort_at):  # nothing injected, or every row refused: the step as proposed
                 predicted = env.host.graph_mode(batch)  # type: ignore[attr-defined]
                 if not predicted is batch.mode is record.mode:
                     raise self.fail("graph_mode", f"step {step} ({proposed}): expected graph_mode(), the proposed "
