@@ -135,12 +135,128 @@ def test_idle_step_without_samples_runs_nothing(deltaserve_conformance_env: Conf
     assert rec.records == []
 
 
-def test_unsupported_sglang_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("version", ["0.5.24", "0.5.14", "0.6.0", "0.5.9"])
+def test_unsupported_sglang_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     from deltaserve_sglang import versions
 
-    monkeypatch.setattr(versions.md, "version", lambda dist: "0.5.24")
-    with pytest.raises(versions.UnsupportedSglangError, match=r"sglang==0.5.24 is not supported.*sglang==0.5.23"):
+    monkeypatch.setattr(versions.md, "version", lambda dist: version)
+    with pytest.raises(versions.UnsupportedSglangError,
+                       match=rf"sglang=={version} is not supported.*sglang>=0.5.15,<=0.5.23.*0.5.15 on CUDA"):
         versions.check_supported_sglang()
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.15.post1", "0.5.19", "0.5.23", "0.5.23+cpu"])
+def test_versions_of_the_range_pass_the_version_check(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    from deltaserve_sglang import versions
+
+    monkeypatch.setattr(versions.md, "version", lambda dist: version)
+    assert versions.check_supported_sglang() == version
+
+
+@needs_sglang
+def test_hooked_internals_of_another_shape_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release inside the range whose hooked internals match neither tested end is refused, naming the symbol;
+    the installed one (0.5.23 in CI) matches its own end."""
+    from deltaserve_sglang import versions
+
+    assert versions.check_hook_shapes() is False  # CI's 0.5.23: not 0.5.15's shapes
+    target = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+    original = dict(versions.SHAPES)
+    shapes = dict(original)
+    shapes[target] = (("self", "batch", "moved"),) * 2
+    monkeypatch.setattr(versions, "SHAPES", shapes)
+    with pytest.raises(versions.UnsupportedSglangError, match=r"Scheduler.run_batch.*expected"):
+        versions.check_hook_shapes()
+    # one symbol with 0.5.15's shape beside 0.5.23's others: a mix of both ends, refused too
+    target = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+    shapes = dict(original)
+    shapes[target] = (("self", "running_batch", "last_batch"), ("self",))
+    monkeypatch.setattr(versions, "SHAPES", shapes)
+    with pytest.raises(versions.UnsupportedSglangError, match="mix"):
+        versions.check_hook_shapes()
+
+
+def test_graph_guard_answers_no_only_for_steps_with_finetune_rows() -> None:
+    """CUDA: the graph runners' can_run_graph is SGLang's own answer unless the step carries fine-tuning rows, which
+    then run eagerly (capture hooks do not fire in a replayed graph). No GPU needed: the runners are stand-ins."""
+    from deltaserve_sglang.binding import Binding, StepPlan
+    from deltaserve_sglang.plugin import install_graph_guard
+
+    class Runner:
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def can_run_graph(self, forward_batch) -> bool:
+            self.asked += 1
+            return True
+
+    class EagerRunner:
+        def can_run_graph(self, forward_batch) -> bool:
+            return False
+
+    class ModelRunner:
+        decode_cuda_graph_runner = Runner()
+        prefill_cuda_graph_runner = EagerRunner()
+
+    mr, b = ModelRunner(), Binding()
+    assert install_graph_guard(mr, b) == ["decode_cuda_graph_runner"]
+    assert install_graph_guard(mr, b) == []  # idempotent
+    graph = mr.decode_cuda_graph_runner
+    assert graph.can_run_graph(None) is True  # no step planned: SGLang's answer
+    b.plan = StepPlan(step_id=1)
+    assert graph.can_run_graph(None) is True  # a step without rows: SGLang's answer
+    b.plan = StepPlan(step_id=2, samples={"__deltaserve_ft__x": make_samples_stub()})
+    assert graph.can_run_graph(None) is False and graph.asked == 2
+
+
+def make_samples_stub():
+    from deltaserve_core.types import FineTuneSample
+
+    return FineTuneSample(sample_id=1, input_ids=(1, 2, 3), loss_mask=(False, True, True))
+
+
+def test_legacy_layer_capture_reads_hidden_plus_residual() -> None:
+    """SGLang 0.5.15's decoder layers take (positions, hidden_states, forward_batch, residual): the captured input
+    is hidden_states + residual (hidden_states alone at the first layer), taken before the layer runs."""
+    import torch
+
+    from deltaserve_sglang.binding import Binding, StepPlan
+    from deltaserve_sglang.plugin import install_layer_capture
+
+    class Layer(torch.nn.Module):
+        def forward(self, positions, hidden_states, forward_batch, residual):
+            if residual is None:
+                residual = hidden_states.clone()
+            else:
+                residual.add_(hidden_states)  # in place, as SGLang's fused add-RMSNorm
+            return hidden_states * 2, residual
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Inner()
+
+        def forward(self, input_ids, positions, forward_batch):
+            h, r = input_ids, None
+            for layer in self.model.layers:
+                h, r = layer(positions, h, forward_batch, r)
+            return h
+
+    got: list[tuple[int, torch.Tensor]] = []
+    b = Binding()
+    b.capture = lambda layer, hidden: got.append((layer, hidden.clone()))  # type: ignore[method-assign]
+    model = Model()
+    assert install_layer_capture(model, b) == 2
+    x = torch.arange(6.0).reshape(3, 2)
+    b.plan, b._rows = StepPlan(step_id=0), [(1, 0, 3)]
+    model(x, None, None)
+    assert [layer for layer, _ in got] == [0, 1]
+    assert torch.equal(got[0][1], x) and torch.equal(got[1][1], x * 2 + x)
 
 
 def test_missing_sglang_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
