@@ -8,6 +8,7 @@ fails (tests/sglang/conftest.py).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,10 @@ from deltaserve_conformance.harness import make_prompts, make_samples
 from deltaserve_core.types import FineTuneSample, ProposedBatch
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+#: CPU fp32 by default (CI); on a GPU machine DELTASERVE_SGLANG_DEVICE=cuda runs the module against CUDA SGLang
+#: (benchmarks/gpu/sglang_h200.sh), bf16 unless DELTASERVE_SGLANG_DTYPE says otherwise.
+DEVICE = os.environ.get("DELTASERVE_SGLANG_DEVICE", "cpu")
+DTYPE = os.environ.get("DELTASERVE_SGLANG_DTYPE", "float32" if DEVICE == "cpu" else "bfloat16")
 needs_sglang = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed (bash scripts/setup_sglang.sh)")
 
 
@@ -26,7 +31,8 @@ def deltaserve_conformance_env(cache_dir) -> Iterator[ConformanceEnv]:
         pytest.skip("SGLang is not installed")
     from deltaserve_conformance.plugin import build_env
 
-    env = build_env("deltaserve_sglang.host:SglangHost", cache_dir=cache_dir / "conformance")
+    env = build_env("deltaserve_sglang.host:SglangHost", cache_dir=cache_dir / "conformance", device=DEVICE,
+                    dtype=DTYPE)
     yield env
     env.host.shutdown()  # type: ignore[attr-defined]
 
@@ -419,3 +425,70 @@ def test_retract_unloads_the_version_once_no_request_runs_on_it(deltaserve_confo
     assert [o.token_ids for o in outputs] == [baseline.token_ids]
     assert old_id not in manager.loras and new_id in manager.loras
     assert not host._published_path(old).exists() and host._published_path(new).exists()  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------ CUDA only
+
+on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"),
+                             reason="needs a CUDA GPU: benchmarks/gpu/sglang_h200.sh (DELTASERVE_SGLANG_DEVICE=cuda)")
+
+
+def _step_log(rec: Recorder, host, label: str) -> list[dict]:  # noqa: ANN001
+    rows = []
+    for r in rec.real_records():
+        batch = rec.batch_for(r.step_id)
+        rows.append({"run": label, "step": r.step_id, "mode": r.mode.value,
+                     "predicted": host.graph_mode(batch).value if batch is not None else None,
+                     "proposed": batch.mode.value if batch is not None else None,
+                     "prefill_lengths": list(r.prefill_lengths), "num_decode": r.num_decode,
+                     "finetune_lengths": list(r.finetune_lengths), "aborted": list(r.aborted_sample_ids),
+                     "duration_ms": round(r.duration_s * 1e3, 3)})
+    return rows
+
+
+def test_graph_modes_are_declared_for_the_device(deltaserve_conformance_env: ConformanceEnv) -> None:
+    from deltaserve_core.types import ExecutionMode
+
+    caps = deltaserve_conformance_env.host.capabilities()  # type: ignore[attr-defined]
+    if DEVICE == "cpu":
+        assert caps.graph_modes == frozenset({ExecutionMode.EAGER})
+    else:
+        assert caps.graph_modes == frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH})
+
+
+@on_cuda
+@needs_sglang
+def test_cuda_inference_steps_replay_graphs_and_finetune_steps_run_eagerly(
+        deltaserve_conformance_env: ConformanceEnv) -> None:
+    """SGLang's defaults on CUDA: inference-only steps replay its CUDA graphs (decode; prefill under its breakable
+    backend where the step fits), steps with fine-tuning rows run eagerly with every row captured, and each
+    record's mode is what SGLang did and what graph_mode() predicted. Writes the per-step log to
+    $DELTASERVE_STEP_LOG."""
+    import json
+
+    env = deltaserve_conformance_env
+    plain = Recorder()
+    env.install(plain)
+    env.run(make_prompts(env, 4, seed=31, max_tokens=8))
+    counter = iter(range(9000, 90_000))
+    mixed = Recorder(inject=lambda b: make_samples(env, 1, seed=next(counter), first_id=next(counter) * 10)
+                     if b.num_decode and b.step_id % 2 == 0 else ())
+    env.install(mixed)
+    env.run(make_prompts(env, 4, seed=32, max_tokens=8))
+    env.install(None)
+    rows = _step_log(plain, env.host, "plain") + _step_log(mixed, env.host, "finetune_every_other_decode_step")
+    if os.environ.get("DELTASERVE_STEP_LOG"):
+        with open(os.environ["DELTASERVE_STEP_LOG"], "w") as f:
+            json.dump(rows, f, indent=1)
+    for row in rows:
+        print(row)
+    graph = [r for r in rows if r["mode"] == "graph"]
+    assert any(r["num_decode"] and not r["prefill_lengths"] for r in graph), "no decode step replayed a CUDA graph"
+    assert not any(r["finetune_lengths"] for r in graph), "a fine-tuning row ran inside a replayed graph"
+    assert all(r["mode"] == r["predicted"] == r["proposed"] for r in rows if not r["finetune_lengths"]), \
+        "graph_mode() or the proposed batch's mode disagrees with what SGLang ran"
+    ft = [r for r in rows if r["finetune_lengths"]]
+    assert ft and all(r["mode"] == "eager" for r in ft)
+    assert any(r["num_decode"] for r in ft), "no fine-tuning row joined a decode step (would have been a graph)"
+    captured = {s for s, _, _, _ in mixed.captures}
+    assert captured == {r.step_id for r in mixed.real_records() if r.finetune_sample_ids}
