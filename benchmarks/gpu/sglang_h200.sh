@@ -7,6 +7,8 @@
 # Device calls, back to back (the machine stays warm 30 s after a call; a cold one starts bare):
 #   1. carry [".whl-sgl/p1"]   command: mkdir -p /tmp/sgl-wheels && cp .whl-sgl/p1/* /tmp/sgl-wheels/ && ls -la /tmp/sgl-wheels
 #   2. carry [".whl-sgl/p2"]   command: DELTASERVE_COMMIT=<sha> bash benchmarks/gpu/sglang_h200.sh      (timeout_s 600)
+#   (3. if a stage was skipped for time: carry [] on the still-warm machine, command
+#       RUN="host" DELTASERVE_COMMIT=<sha> bash benchmarks/gpu/sglang_h200.sh -- the bundle stays installed in /tmp)
 # The script installs the bundle (source .whl-sgl/pN/device-install.sh, ~15 s), installs this checkout --no-deps,
 # then runs the stages below, each under its own timeout and skipped when too little of BUDGET is left, so the call
 # ends inside its limit with whatever finished written to $OUT.
@@ -17,6 +19,14 @@ set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200}
 BUDGET=${BUDGET:-570}   # seconds this script may take in all (the call's limit is 600)
 T_CONF=${T_CONF:-200}; T_HOST=${T_HOST:-190}; T_EXACT=${T_EXACT:-170}
+# host options for every stage, "key=value,key=value" (src/deltaserve_sglang/host.py), e.g. if SGLang's prefill graphs
+# fail with LoRA: OPTIONS=cuda_graph_backend_prefill=disabled
+OPTIONS=${OPTIONS:-}
+export DELTASERVE_SGLANG_OPTIONS=$OPTIONS
+OPTARGS=()
+IFS=, read -ra _kv <<< "$OPTIONS"; for kv in "${_kv[@]}"; do [ -n "$kv" ] && OPTARGS+=(--option "$kv"); done
+RUN=${RUN:-"conformance exactness host"}   # the stages to run (a later call on the warm machine can run the rest)
+want() { case " $RUN " in *" $1 "*) return 0 ;; esac; return 1; }
 DTYPE=${DTYPE:-bfloat16}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8 DELTASERVE_CACHE=${DELTASERVE_CACHE:-/tmp/dsc} TOKENIZERS_PARALLELISM=false
@@ -64,16 +74,16 @@ status() {  # name, exit code, log
 }
 STAGES=()
 # (1) the conformance suite, bf16, SGLang's CUDA defaults (decode + prefill graphs) for inference-only steps
-if [ "$(left)" -gt 90 ]; then
+if want conformance && [ "$(left)" -gt 90 ]; then
   t0=$SECONDS
-  timeout $(( $(left) < T_CONF ? $(left) : T_CONF )) deltaserve conformance sglang --device cuda --dtype "$DTYPE" -v \
+  timeout $(( $(left) < T_CONF ? $(left) : T_CONF )) deltaserve conformance sglang --device cuda --dtype "$DTYPE" "${OPTARGS[@]}" -v \
     -- --junitxml="$OUT/conformance_sglang_cuda_bf16.xml" > "$OUT/conformance_sglang_cuda_bf16.txt" 2>&1
   rc=$?; STAGES+=("$(status conformance $rc $((SECONDS - t0)) "$OUT/conformance_sglang_cuda_bf16.txt")")
   grep -E "FAILED|ERROR|passed|failed" "$OUT/conformance_sglang_cuda_bf16.txt" | tail -8
 fi
 # (2) the exactness test through the engine (train on the GPU, compare with fp32 PEFT on the CPU) and the other
 #     end-to-end co-serving tests (client outputs unchanged, no row reaches a client, loss decreases, crash recovery)
-if [ "$(left)" -gt 90 ]; then
+if want exactness && [ "$(left)" -gt 90 ]; then
   t0=$SECONDS
   DELTASERVE_SGLANG_DEVICE=cuda DELTASERVE_SGLANG_DTYPE="$DTYPE" \
     timeout $(( $(left) < T_EXACT ? $(left) : T_EXACT )) python3 -m pytest tests/sglang/test_coserve_sglang.py -v -s \
@@ -83,7 +93,7 @@ if [ "$(left)" -gt 90 ]; then
 fi
 # (3) the adapter's own module on CUDA: the suite again plus the per-step graph/eager log, decode/mixed joins with
 #     captures against PEFT, radix cache, abort
-if [ "$(left)" -gt 90 ]; then
+if want host && [ "$(left)" -gt 90 ]; then
   t0=$SECONDS
   DELTASERVE_SGLANG_DEVICE=cuda DELTASERVE_SGLANG_DTYPE="$DTYPE" DELTASERVE_STEP_LOG="$OUT/sglang_cuda_bf16_steps.json" \
     timeout $(( $(left) < T_HOST ? $(left) : T_HOST )) python3 -m pytest tests/sglang/test_sglang_host.py -v -s \

@@ -423,11 +423,13 @@ def _joinable(batch: Any) -> bool:
     mode = batch.forward_mode
     if not (mode.is_decode() or mode.is_extend()) or mode.is_target_verify() or batch.spec_info is not None:
         return False
-    if batch.return_logprob or batch.beam_tail is not None or any(r.beam_group is not None for r in batch.reqs):
+    # beams (beam_tail, Req.beam_group) and encoder SWA resets are 0.5.23's; 0.5.15 has neither field
+    if batch.return_logprob or getattr(batch, "beam_tail", None) is not None or any(
+            getattr(r, "beam_group", None) is not None for r in batch.reqs):
         return False
     if mode.is_decode():
         return True
-    return all(getattr(batch, name) is None for name in (
+    return all(getattr(batch, name, None) is None for name in (
         "input_embeds", "replace_embeds", "encoder_swa_reset", "extend_input_logprob_token_ids",
         "mamba_track_indices", "encoder_lens")) and batch.prefill_input_ids_cpu is not None
 
@@ -446,7 +448,9 @@ def _prepend_extend(ft: Any, batch: Any) -> Any:
     ft.input_ids = None  # materialised from prefill_input_ids_cpu (+ the mixed decode tail) at forward entry
     # What SGLang's result processing reads from the step's batch: it stays the batch SGLang formed.
     ft.forward_mode = batch.forward_mode
-    ft.mix_running_indices, ft.mix_running_indices_cpu = batch.mix_running_indices, batch.mix_running_indices_cpu
+    ft.mix_running_indices = batch.mix_running_indices
+    if hasattr(batch, "mix_running_indices_cpu"):  # 0.5.23; 0.5.15 keeps the device tensor only
+        ft.mix_running_indices_cpu = batch.mix_running_indices_cpu
     ft.decoding_reqs = batch.decoding_reqs
     ft.chunked_req = batch.chunked_req
     ft.contains_last_prefill_chunk = batch.contains_last_prefill_chunk

@@ -27,7 +27,9 @@ device-complete).
   needs ``sgl_kernel.flash_ops``, which the GPU bundle leaves out, 560 MiB), ``sampling_backend`` (default
   ``pytorch``: flashinfer's sampler would JIT-compile on first use), ``lora_backend`` (default: SGLang's),
   ``mem_fraction_static`` (default 0.5: the backward process shares the GPU), ``cuda_graph`` (default true;
-  false = SGLang's ``--disable-cuda-graph``, every step eager).
+  false = SGLang's ``--disable-cuda-graph``, every step eager), ``cuda_graph_backend_prefill`` /
+  ``cuda_graph_backend_decode`` (SGLang 0.5.15's ``--cuda-graph-backend-{prefill,decode}``: ``full``, ``breakable``,
+  ``tc_piecewise``, ``disabled``; default SGLang's: ``breakable`` prefill and ``full`` decode on CUDA).
 """
 
 from __future__ import annotations
@@ -123,8 +125,9 @@ class SglangHost:
                 sampling_backend=str(opts.get("sampling_backend", "pytorch")), grammar_backend="none",
                 mem_fraction_static=float(opts.get("mem_fraction_static", 0.5)),
                 disable_cuda_graph=not _flag(opts.get("cuda_graph", "true")))
-            if "lora_backend" in opts:
-                device_args["lora_backend"] = str(opts["lora_backend"])
+            for key in ("lora_backend", "cuda_graph_backend_prefill", "cuda_graph_backend_decode"):
+                if key in opts:  # SGLang's own settings, passed as given (SGLang validates them)
+                    device_args[key] = str(opts[key])
             if "max_total_tokens" in opts:
                 device_args["max_total_tokens"] = int(opts["max_total_tokens"])
         else:

@@ -25,6 +25,7 @@ from test_coserve import (  # noqa: F401  (collected here again, against the SGL
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 DEVICE = os.environ.get("DELTASERVE_SGLANG_DEVICE", "cpu")
 DTYPE = os.environ.get("DELTASERVE_SGLANG_DTYPE", "float32" if DEVICE == "cpu" else "bfloat16")
+OPTIONS = dict(kv.split("=", 1) for kv in os.environ.get("DELTASERVE_SGLANG_OPTIONS", "").split(",") if "=" in kv)
 on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="DELTASERVE_SGLANG_DEVICE=cuda (a GPU machine)")
 if DTYPE != "float32":
     # the fp32 criterion (1e-4) does not apply to a bf16 engine: test_cuda_training_through_sglang_equals_plain_peft
@@ -47,7 +48,7 @@ def host(tiny_model: Path):
     from deltaserve_core.driver import HostConfig
     from deltaserve_core.registry import create_host
 
-    h = create_host("sglang", HostConfig(model=str(tiny_model), device=DEVICE, dtype=DTYPE))
+    h = create_host("sglang", HostConfig(model=str(tiny_model), device=DEVICE, dtype=DTYPE, options=OPTIONS))
     yield h
     h.shutdown()
 
