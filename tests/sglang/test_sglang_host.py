@@ -114,6 +114,27 @@ def test_same_sample_twice_is_recomputed_not_read_from_the_radix_cache(
 
 
 @needs_sglang
+def test_finetune_rows_are_never_stored_in_the_radix_cache(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """A fine-tuning row's KV is freed when it finishes, not inserted into the radix cache (skip_radix_cache_insert):
+    a fine-tuning-only step leaves the cache's size as it was, while a client request of the same length grows it."""
+    from deltaserve_core.driver import ClientRequest
+
+    env = deltaserve_conformance_env
+    cache = env.host._sched.tree_cache  # type: ignore[attr-defined]
+    sample = make_samples(env, 1, lengths=[33], seed=43, first_id=720)[0]
+    before = cache.total_size()
+    inject, _ = _inject_once([sample], empty=True)
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    assert env.host.run_idle_step()  # type: ignore[attr-defined]
+    env.install(None)
+    assert rec.records[-1].finetune_lengths == (33,)
+    assert cache.total_size() == before, "the fine-tuning row's KV was stored in the radix cache"
+    env.run([ClientRequest("cached-client", make_prompts(env, 1, seed=44)[0].prompt_ids, 2)])
+    assert cache.total_size() > before, "a client request's KV should be cached (the measure is blind otherwise)"
+
+
+@needs_sglang
 def test_a_client_prompt_equal_to_a_sample_is_not_served_from_its_kv(deltaserve_conformance_env: ConformanceEnv) -> None:
     """KV left by a fine-tuning row (reserved adapter, own radix namespace) never serves a client request."""
     from deltaserve_core.driver import ClientRequest
