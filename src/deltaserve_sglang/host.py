@@ -26,10 +26,11 @@ device-complete).
 - CUDA only: ``attention_backend`` (default ``triton``: SGLang's own Triton kernels; the FA3 default on Hopper
   needs ``sgl_kernel.flash_ops``, which the GPU bundle leaves out, 560 MiB), ``sampling_backend`` (default
   ``pytorch``: flashinfer's sampler would JIT-compile on first use), ``lora_backend`` (default: SGLang's),
-  ``mem_fraction_static`` (default 0.5: the backward process shares the GPU), ``cuda_graph`` (default true;
-  false = SGLang's ``--disable-cuda-graph``, every step eager), ``cuda_graph_backend_prefill`` /
-  ``cuda_graph_backend_decode`` (SGLang 0.5.15's ``--cuda-graph-backend-{prefill,decode}``: ``full``, ``breakable``,
-  ``tc_piecewise``, ``disabled``; default SGLang's: ``breakable`` prefill and ``full`` decode on CUDA).
+  ``mem_fraction_static`` (default 0.3 of the memory free at start, as SGLang 0.5.15 counts it: the backward
+  process and other engines share the GPU), ``cuda_graph`` (default true; false = SGLang's
+  ``--disable-cuda-graph``, every step eager), ``cuda_graph_backend_prefill`` / ``cuda_graph_backend_decode``
+  (SGLang 0.5.15's ``--cuda-graph-backend-{prefill,decode}``: ``full``, ``breakable``, ``tc_piecewise``,
+  ``disabled``; default SGLang's: ``breakable`` prefill and ``full`` decode on CUDA).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class SglangHost:
             device_args: dict[str, Any] = dict(
                 device="cuda", base_gpu_id=gpu_id, attention_backend=str(opts.get("attention_backend", "triton")),
                 sampling_backend=str(opts.get("sampling_backend", "pytorch")), grammar_backend="none",
-                mem_fraction_static=float(opts.get("mem_fraction_static", 0.5)),
+                mem_fraction_static=float(opts.get("mem_fraction_static", 0.3)),
                 disable_cuda_graph=not _flag(opts.get("cuda_graph", "true")))
             for key in ("lora_backend", "cuda_graph_backend_prefill", "cuda_graph_backend_decode"):
                 if key in opts:  # SGLang's own settings, passed as given (SGLang validates them)

@@ -54,7 +54,8 @@ def host(tiny_model: Path):
 
 
 @on_cuda
-def test_cuda_training_through_sglang_equals_plain_peft(host, dataset, tiny_model: Path, tmp_path: Path) -> None:  # noqa: ANN001, F811
+def test_cuda_training_through_sglang_equals_plain_peft(host, dataset, tiny_model: Path,  # noqa: ANN001, F811
+                                                        tmp_path: Path) -> None:
     """test_coserve.py's exactness test (same job, requests and steps) through CUDA SGLang; the adapter trained on
     the GPU is compared on the CPU with the fp32 PEFT loop. The engine is bf16, so the criterion is precision's own:
     the update is as close to fp32 PEFT as plain PEFT's in the same dtype (test_coserve.assert_within_precision).
