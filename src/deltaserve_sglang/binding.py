@@ -10,16 +10,25 @@ scheduler without DeltaServe runs exactly as SGLang ships it. One step, seen fro
    the step's rows as running, and the step's rows are appended behind them (see :meth:`Binding._join`), so
    they run in that very step, whatever it holds (nothing, prefill, decode, or SGLang's mixed chunk). Samples
    SGLang cannot admit (token budget, request or LoRA slots, KV room) are reported aborted in that step's record.
-2. ``run_batch`` (AROUND): ``begin_step``, capture on, the forward, device-complete timing, ``end_step``.
+2. ``run_batch`` (AROUND): ``begin_step``, capture on, the forward, device-complete timing, ``end_step``; the
+   mode the step ran in is SGLang's own answer (``GenerationBatchResult.can_run_cuda_graph``). On CUDA a step with
+   fine-tuning rows never replays a CUDA graph: the graph runners' ``can_run_graph`` answers no for it
+   (:func:`deltaserve_sglang.plugin.install_graph_guard`), so the capture hooks run.
 3. decoder layers: a forward pre-hook passes a ``capture_output`` callback, SGLang's own auxiliary-hidden-state
    path (EAGLE3), which receives the true residual-stream input of the layer; fine-tuning rows are sliced out.
 4. ``SchedulerOutputStreamer.stream_output`` (AROUND): fine-tuning rows are removed before anything is streamed.
 5. ``process_batch_result`` (AROUND): after SGLang processed the step's outputs, one ``StepRecord`` goes to the
    step sink.
+
+Two shapes of SGLang's internals are supported (:mod:`.versions`): 0.5.23's, where ``get_next_batch_to_run`` takes
+and returns the running batch (a plan object) and ``_get_new_batch_prefill_raw`` takes it as an argument, and
+0.5.15's (``legacy``), where both read and write ``scheduler.running_batch`` and ``get_next_batch_to_run`` returns
+the batch alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 import uuid
@@ -53,6 +62,8 @@ class StepPlan(hostkit.StepPlan):
     profiled: bool = False
     #: the forward stopped at a layer boundary because the sink asked (fine-tuning-only steps only)
     aborted: bool = False
+    #: how the step ran: SGLang's own answer once it ran (a CUDA-graph replay or eager)
+    mode: ExecutionMode = ExecutionMode.EAGER
 
     @property
     def ft_only(self) -> bool:
@@ -76,6 +87,12 @@ class Binding(hostkit.HookSlots):
     plan: StepPlan | None = None
     num_layers: int = 0
     step_ids: Any = field(default_factory=itertools.count)
+    #: SGLang 0.5.15's internals (running batch on the scheduler; see the module docstring)
+    legacy: bool = False
+    #: the mode a step of this proposed shape runs in without fine-tuning rows (the host's graph_mode)
+    graph_mode: Callable[[ProposedBatch], ExecutionMode] | None = None
+    #: SGLang's model runner, whose CUDA-graph runners are guarded (plugin.install_graph_guard) at every step
+    model_runner: Any = None
 
     # ------------------------------------------------------------------------------------ translation
 
@@ -110,13 +127,27 @@ class Binding(hostkit.HookSlots):
             if id(req) not in in_step and not req.finished() and not str(req.rid).startswith(
                     (FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX)):
                 waiting.append(self._view(req, 0, len(req.origin_input_ids) + len(req.output_ids) - 1, now))
-        return ProposedBatch(step_id=step_id, now=now, scheduled=tuple(scheduled), waiting=tuple(waiting),
-                             mode=ExecutionMode.EAGER)
+        proposed = ProposedBatch(step_id=step_id, now=now, scheduled=tuple(scheduled), waiting=tuple(waiting),
+                                 mode=ExecutionMode.EAGER)
+        if self.graph_mode is not None and proposed.scheduled:
+            mode = self.graph_mode(proposed)
+            if mode is not ExecutionMode.EAGER:
+                proposed = dataclasses.replace(proposed, mode=mode)
+        return proposed
 
     # ------------------------------------------------------------------------------------ hooks
 
     def around_get_next_batch(self, original: Callable[..., Any], scheduler: Any, *args: Any, **kwargs: Any) -> Any:
-        plan = original(scheduler, *args, **kwargs)
+        if self.legacy:
+            # 0.5.15: the batch alone comes back; the running batch is the scheduler's
+            formed = original(scheduler, *args, **kwargs)
+            plan = _LegacyPlan(batch_to_run=formed, running_batch=scheduler.running_batch)
+            out = self._around_plan(scheduler, plan)
+            scheduler.running_batch = out.running_batch
+            return out.batch_to_run
+        return self._around_plan(scheduler, original(scheduler, *args, **kwargs))
+
+    def _around_plan(self, scheduler: Any, plan: Any) -> Any:
         batch = plan.batch_to_run
         self.idle_requested = False
         step_id = next(self.step_ids)
@@ -215,15 +246,22 @@ class Binding(hostkit.HookSlots):
         # Scheduler state the admission pass reads or writes, swapped for this pass only: the queue holds just the
         # rows, no chunk of the step continues in it, and SGLang's own mixing stays with SGLang's own pass.
         saved = (scheduler.waiting_queue, scheduler.chunked_req, scheduler.is_mixed_chunk)
+        saved_running = scheduler.running_batch
         scheduler.waiting_queue, scheduler.chunked_req, scheduler.is_mixed_chunk = [], None, False
         placed: dict[str, FineTuneSample] = {}
         try:
             placed = self._queue(scheduler, step_id, samples)
-            ft_batch, _ = scheduler._get_new_batch_prefill_raw(
-                prefill_delayer_single_pass=None, running_batch=ScheduleBatch(reqs=counted))
+            if self.legacy:
+                # 0.5.15 counts the scheduler's own running batch: the step's rows stand in for it in this pass
+                scheduler.running_batch = ScheduleBatch(reqs=counted)
+                ft_batch = scheduler._get_new_batch_prefill_raw(prefill_delayer_single_pass=None)
+            else:
+                ft_batch, _ = scheduler._get_new_batch_prefill_raw(
+                    prefill_delayer_single_pass=None, running_batch=ScheduleBatch(reqs=counted))
             stray = [r for r in scheduler.waiting_queue if r.rid not in placed]
             new_chunk = scheduler.chunked_req
         finally:
+            scheduler.running_batch = saved_running
             queue, scheduler.waiting_queue, scheduler.chunked_req, scheduler.is_mixed_chunk = (
                 scheduler.waiting_queue, *saved)
         # Requests SGLang itself queued during the pass (grammar-ready ones) go back to its queue.
@@ -259,6 +297,11 @@ class Binding(hostkit.HookSlots):
                 extra_key=rid)
             scheduler.handle_generate_request(req)
             placed[rid] = s
+        # Never stored in the radix cache either: SGLang frees a finished row's KV instead of inserting it
+        # (Req.skip_radix_cache_insert, read by release_kv_cache in 0.5.15 and 0.5.23).
+        for r in scheduler.waiting_queue:
+            if r.rid in placed:
+                r.skip_radix_cache_insert = True
         return placed
 
     def around_run_batch(self, original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any,
@@ -270,6 +313,10 @@ class Binding(hostkit.HookSlots):
         if sink is not None:
             sink.begin_step(plan.step_id, list(plan.samples.values()))
         self._rows = self._row_map(batch, plan)
+        if self.model_runner is not None and plan.samples:
+            from .plugin import install_graph_guard
+
+            install_graph_guard(self.model_runner, self)  # a no-op unless SGLang replaced a graph runner
         _synchronize()
         plan.start = time.monotonic()
         try:
@@ -279,9 +326,17 @@ class Binding(hostkit.HookSlots):
             self._rows = None
         plan.duration = time.monotonic() - plan.start
         plan.ran = True
+        # SGLang's own answer: whether the forward replayed a CUDA graph (False on CPU and for guarded steps)
+        plan.mode = ExecutionMode.GRAPH if getattr(result, "can_run_cuda_graph", False) else ExecutionMode.EAGER
         if sink is not None and not plan.aborted:  # an abort told the sink already
             sink.end_step(plan.step_id, [s.sample_id for s in plan.samples.values()], [])
         return result
+
+    def forces_eager(self) -> bool:
+        """Whether the step about to run carries fine-tuning rows (or calibration's rows), which must run eagerly:
+        the capture and abort hooks do not fire inside a replayed CUDA graph. Asked by the guarded graph runners."""
+        plan = self.plan
+        return plan is not None and bool(plan.samples)
 
     def should_stop(self) -> bool:
         """Polled before every decoder layer of a step with rows: whether to stop the forward there."""
@@ -343,11 +398,19 @@ class Binding(hostkit.HookSlots):
         return client
 
     def _report(self, plan: StepPlan) -> None:
-        record = plan.to_record(aborted=plan.aborted)
+        record = plan.to_record(aborted=plan.aborted, mode=plan.mode)
         if plan.profiled:
             self.profile_record = record
         if self.step_sink is not None:
             self.step_sink(record)
+
+
+@dataclass
+class _LegacyPlan:
+    """0.5.15's ``get_next_batch_to_run`` returns the batch alone: the same two fields as 0.5.23's plan."""
+
+    batch_to_run: Any
+    running_batch: Any
 
 
 def _joinable(batch: Any) -> bool:
@@ -360,11 +423,13 @@ def _joinable(batch: Any) -> bool:
     mode = batch.forward_mode
     if not (mode.is_decode() or mode.is_extend()) or mode.is_target_verify() or batch.spec_info is not None:
         return False
-    if batch.return_logprob or batch.beam_tail is not None or any(r.beam_group is not None for r in batch.reqs):
+    # beams (beam_tail, Req.beam_group) and encoder SWA resets are 0.5.23's; 0.5.15 has neither field
+    if batch.return_logprob or getattr(batch, "beam_tail", None) is not None or any(
+            getattr(r, "beam_group", None) is not None for r in batch.reqs):
         return False
     if mode.is_decode():
         return True
-    return all(getattr(batch, name) is None for name in (
+    return all(getattr(batch, name, None) is None for name in (
         "input_embeds", "replace_embeds", "encoder_swa_reset", "extend_input_logprob_token_ids",
         "mamba_track_indices", "encoder_lens")) and batch.prefill_input_ids_cpu is not None
 
@@ -383,7 +448,9 @@ def _prepend_extend(ft: Any, batch: Any) -> Any:
     ft.input_ids = None  # materialised from prefill_input_ids_cpu (+ the mixed decode tail) at forward entry
     # What SGLang's result processing reads from the step's batch: it stays the batch SGLang formed.
     ft.forward_mode = batch.forward_mode
-    ft.mix_running_indices, ft.mix_running_indices_cpu = batch.mix_running_indices, batch.mix_running_indices_cpu
+    ft.mix_running_indices = batch.mix_running_indices
+    if hasattr(batch, "mix_running_indices_cpu"):  # 0.5.23; 0.5.15 keeps the device tensor only
+        ft.mix_running_indices_cpu = batch.mix_running_indices_cpu
     ft.decoding_reqs = batch.decoding_reqs
     ft.chunked_req = batch.chunked_req
     ft.contains_last_prefill_chunk = batch.contains_last_prefill_chunk

@@ -7,13 +7,30 @@ SGLang's ``event_loop_normal``), so the core's interceptor and sinks are plain i
 with vLLM's in-process engine. The hooks themselves are the plugin's (:mod:`.plugin`), loaded through SGLang's
 own ``load_plugins()`` and verified live before the host accepts work.
 
+Devices: ``cpu`` (SGLang's CPU engine: torch-native attention and LoRA, every step eager; CI, SGLang 0.5.23) and
+``cuda[:N]`` (SGLang 0.5.15 on the GPU machine; ``benchmarks/gpu/sglang_h200.sh``). On CUDA SGLang keeps its own
+defaults for inference-only steps -- decode CUDA graphs and the prefill graph backend -- and a step that carries
+fine-tuning rows runs eagerly (:func:`deltaserve_sglang.plugin.install_graph_guard`); each step's record says how
+it ran (SGLang's ``can_run_cuda_graph``), and :meth:`SglangHost.graph_mode` predicts it from the step's shape.
+The overlap scheduler stays off on the driver path (steps are driven one at a time; each one's duration is
+device-complete).
+
 ``HostConfig.options`` (strings accepted):
 
 - ``max_loaded_loras`` (default 16), ``max_loras_per_batch`` (default 4; one is the reserved adapter's).
-- ``max_total_tokens`` (default 65536): KV-cache tokens of the CPU engine.
+- ``max_total_tokens`` (CPU default 65536): KV-cache tokens; on CUDA SGLang sizes the pool from
+  ``mem_fraction_static`` unless this is given.
 - ``enable_mixed_chunk`` (default true): SGLang's ``--enable-mixed-chunk`` (decode rows ride along in prefill
   steps). Reported as ``HostCapabilities.mixed_batches``; fine-tuning rows join decode steps either way
   (:meth:`deltaserve_sglang.binding.Binding._join`).
+- CUDA only: ``attention_backend`` (default ``triton``: SGLang's own Triton kernels; the FA3 default on Hopper
+  needs ``sgl_kernel.flash_ops``, which the GPU bundle leaves out, 560 MiB), ``sampling_backend`` (default
+  ``pytorch``: flashinfer's sampler would JIT-compile on first use), ``lora_backend`` (default: SGLang's),
+  ``mem_fraction_static`` (default 0.3 of the memory free at start, as SGLang 0.5.15 counts it: the backward
+  process and other engines share the GPU), ``cuda_graph`` (default true; false = SGLang's
+  ``--disable-cuda-graph``, every step eager), ``cuda_graph_backend_prefill`` / ``cuda_graph_backend_decode``
+  (SGLang 0.5.15's ``--cuda-graph-backend-{prefill,decode}``: ``full``, ``breakable``, ``tc_piecewise``,
+  ``disabled``; default SGLang's: ``breakable`` prefill and ``full`` decode on CUDA).
 """
 
 from __future__ import annotations
@@ -58,7 +75,7 @@ from deltaserve_core.types import (
 )
 
 from .binding import FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX, Binding
-from .versions import check_supported_sglang
+from .versions import check_hook_shapes, check_supported_sglang
 
 __all__ = ["SglangHost"]
 
@@ -74,16 +91,21 @@ class SglangHost:
 
     def __init__(self, config: HostConfig) -> None:
         version = check_supported_sglang()
-        if config.device != "cpu":
-            raise ValueError("deltaserve_sglang's driver path is tested on SGLang's CPU engine only (device='cpu'); "
-                             "CUDA needs prefill/decode CUDA graphs forced eager for fine-tuning steps, which is "
-                             "not implemented yet (docs/sglang-adapter.md)")
-        # Before SGLang is imported: its CPU engine is selected by environment.
-        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        cuda = config.device.startswith("cuda")
+        if not cuda and config.device != "cpu":
+            raise ValueError(f"device={config.device!r}: deltaserve_sglang drives SGLang on 'cpu' (its CPU engine) or "
+                             "'cuda[:N]'")
+        if not cuda:
+            # Before SGLang is imported: its CPU engine is selected by environment.
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         opts = dict(config.options)
         from sglang.srt.plugins import load_plugins
-        from sglang.srt.runtime_context import SpawnRanks, publish
         from sglang.srt.server_args import PortArgs, ServerArgs
+
+        try:  # 0.5.23; 0.5.15 has neither (see below)
+            from sglang.srt.runtime_context import SpawnRanks, publish
+        except ImportError:
+            SpawnRanks = publish = None  # noqa: N806
 
         from . import plugin
 
@@ -94,27 +116,47 @@ class SglangHost:
 
         HookRegistry.apply_hooks()  # idempotent; applies what register() added after an earlier load_plugins()
         plugin.verify_hooks()
+        legacy = check_hook_shapes()  # refuses a release whose hooked internals match neither tested end
         tokens = config.max_batch_tokens
-        mixed = str(opts.get("enable_mixed_chunk", "true")).strip().lower() in ("1", "true", "yes", "on")
+        mixed = _flag(opts.get("enable_mixed_chunk", "true"))
+        if cuda:
+            gpu_id = int(config.device.partition(":")[2] or 0)
+            device_args: dict[str, Any] = dict(
+                device="cuda", base_gpu_id=gpu_id, attention_backend=str(opts.get("attention_backend", "triton")),
+                sampling_backend=str(opts.get("sampling_backend", "pytorch")), grammar_backend="none",
+                mem_fraction_static=float(opts.get("mem_fraction_static", 0.3)),
+                disable_cuda_graph=not _flag(opts.get("cuda_graph", "true")))
+            for key in ("lora_backend", "cuda_graph_backend_prefill", "cuda_graph_backend_decode"):
+                if key in opts:  # SGLang's own settings, passed as given (SGLang validates them)
+                    device_args[key] = str(opts[key])
+            if "max_total_tokens" in opts:
+                device_args["max_total_tokens"] = int(opts["max_total_tokens"])
+        else:
+            gpu_id = 0
+            device_args = dict(device="cpu", attention_backend="torch_native", sampling_backend="pytorch",
+                               lora_backend="torch_native", max_total_tokens=int(opts.get("max_total_tokens", 65536)))
         server_args = ServerArgs(
-            model_path=str(config.model), device="cpu", dtype=config.dtype, random_seed=config.seed,
-            attention_backend="torch_native", sampling_backend="pytorch", skip_tokenizer_init=True,
-            enable_lora=True, max_lora_rank=config.max_lora_rank, lora_backend="torch_native",
+            model_path=str(config.model), dtype=config.dtype, random_seed=config.seed, skip_tokenizer_init=True,
+            enable_lora=True, max_lora_rank=config.max_lora_rank,
             lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
             max_loras_per_batch=int(opts.get("max_loras_per_batch", 4)),
             max_loaded_loras=int(opts.get("max_loaded_loras", 16)),
             disable_overlap_schedule=True, enable_mixed_chunk=mixed, chunked_prefill_size=tokens,
-            max_prefill_tokens=tokens, max_running_requests=config.max_running_requests,
-            max_total_tokens=int(opts.get("max_total_tokens", 65536)))
+            max_prefill_tokens=tokens, max_running_requests=config.max_running_requests, **device_args)
         port_args = PortArgs.init_new(server_args)
-        publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0))
         from sglang.srt.managers.scheduler import Scheduler
 
-        self._attach(Scheduler(server_args, port_args), config, version)
+        if legacy:
+            # 0.5.15: ranks are constructor arguments (one process: all 0) and there is no runtime context
+            scheduler = Scheduler(server_args, port_args, gpu_id, 0, 0, 0, 0, 0, None)
+        else:
+            publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=0, dp_rank=None, gpu_id=gpu_id))
+            scheduler = Scheduler(server_args, port_args)
+        self._attach(scheduler, config, version, legacy=legacy)
         for name, path in config.client_adapters.items():
             self.load_client_adapter(name, path)
 
-    def _attach(self, scheduler: Any, config: HostConfig, version: str) -> None:
+    def _attach(self, scheduler: Any, config: HostConfig, version: str, *, legacy: bool | None = None) -> None:
         """Bind DeltaServe to a constructed SGLang ``Scheduler`` (this one's, or ``sglang serve``'s: .serving)."""
         import torch
         from transformers import AutoConfig
@@ -137,8 +179,15 @@ class SglangHost:
         self._server_args = scheduler.server_args
         self._sched = scheduler
         self._binding = Binding(on_stream=self._on_stream)
+        self._legacy = check_hook_shapes() if legacy is None else legacy
+        self._binding.legacy = self._legacy
         runner = scheduler.tp_worker.model_runner
+        self._runner = runner
         self._binding.num_layers = plugin.install_layer_capture(runner.model, self._binding)
+        graphs = bool(plugin.install_graph_guard(runner, self._binding))
+        if graphs:
+            self._binding.model_runner = runner
+            self._binding.graph_mode = self.graph_mode
         scheduler._deltaserve = self._binding
         plugin.STREAMERS[id(scheduler.output_streamer)] = self._binding
         self._torch = torch
@@ -147,7 +196,9 @@ class SglangHost:
         self._capabilities = HostCapabilities(
             engine="sglang", engine_version=version,
             # With SGLang's mixed chunk a step holds prefill and decode rows; without it, one or the other.
-            mixed_batches=mixed, graph_modes=frozenset({ExecutionMode.EAGER}), activation_dtype=config.dtype,
+            mixed_batches=mixed,
+            graph_modes=frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH} if graphs else {ExecutionMode.EAGER}),
+            activation_dtype=config.dtype,
             device=config.device, supports_abort=True, max_finetune_tokens_per_step=config.max_batch_tokens)
 
     # ------------------------------------------------------------------------------------ HostHooks
@@ -171,8 +222,38 @@ class SglangHost:
         self._binding.step_sink = sink
 
     def graph_mode(self, batch: ProposedBatch) -> ExecutionMode:
-        # CPU engine without SGLang's optional CPU graph (torch.compile): every step runs eagerly.
-        return ExecutionMode.EAGER
+        """SGLang's own decision (``ModelRunner._forward_raw``) for a step of this shape without fine-tuning rows.
+
+        CPU (no CPU graph configured) or CUDA graphs off: eager. CUDA: a pure decode step replays the decode graph
+        when its batch fits the captured sizes (``DecodeCudaGraphRunner.can_run_graph``: ``bs <= max_bs``, or a
+        captured size exactly under ``--disable-cuda-graph-padding``); a step with prefill rows (SGLang's mixed
+        chunk included: its forward mode counts as extend) replays the prefill graph when its token count fits
+        (``PrefillCudaGraphRunner.can_run_graph``: ``num_tokens <= max_num_tokens``; the ``full`` backend also
+        caps the rows). The step's record carries what SGLang actually did, so a disagreement shows there
+        (conformance: graph_mode__agrees_with_execution)."""
+        runner = getattr(self, "_runner", None)
+        if runner is None or not batch.scheduled or ExecutionMode.GRAPH not in self._capabilities.graph_modes:
+            return ExecutionMode.EAGER
+        if not batch.has_prefill:
+            graph = getattr(runner, "decode_cuda_graph_runner", None)
+            if not _is_graph_runner(graph):
+                return ExecutionMode.EAGER
+            bs = batch.num_decode
+            if getattr(graph, "disable_padding", False):
+                fits = bs in set(getattr(graph, "capture_bs", ()) or ())
+            else:
+                fits = bs <= int(getattr(graph, "max_bs", 0) or 0)
+            return ExecutionMode.GRAPH if fits else ExecutionMode.EAGER
+        graph = getattr(runner, "prefill_cuda_graph_runner", None)
+        if not _is_graph_runner(graph):
+            return ExecutionMode.EAGER
+        tokens = sum(batch.prefill_lengths) + batch.num_decode
+        if tokens > int(getattr(graph, "max_num_tokens", 0) or 0):
+            return ExecutionMode.EAGER
+        if getattr(graph, "_is_full_backend", False) and len(batch.scheduled) > int(
+                getattr(graph, "_capture_req_slots", 0) or 0):
+            return ExecutionMode.EAGER
+        return ExecutionMode.GRAPH
 
     def set_finetune_adapter(self, state: LoraAdapterState) -> None:
         self._check_rank(state)
@@ -308,10 +389,14 @@ class SglangHost:
         with self._torch.no_grad():
             inbox, self._inbox = self._inbox, []
             s.process_input_requests(inbox)
-            plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
-            s.running_batch = plan.running_batch
-            batch = plan.batch_to_run
-            s.cur_batch_for_debug = batch
+            if self._legacy:  # 0.5.15: the scheduler keeps its running batch itself
+                batch = s.get_next_batch_to_run()
+                s.cur_batch = batch
+            else:
+                plan = s.get_next_batch_to_run(running_batch=s.running_batch, last_batch=s.last_batch)
+                s.running_batch = plan.running_batch
+                batch = plan.batch_to_run
+                s.cur_batch_for_debug = batch
             if batch:
                 result = s.run_batch(batch)
                 s.process_batch_result(batch, result)
@@ -394,6 +479,15 @@ class SglangHost:
         if state.config.r > self.config.max_lora_rank:
             raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
                              f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
+
+
+def _flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_graph_runner(runner: Any) -> bool:
+    """A CUDA-graph runner SGLang may replay (not its eager stand-in, not absent)."""
+    return runner is not None and hasattr(runner, "can_run_graph") and type(runner).__name__ != "EagerRunner"
 
 
 class _Pending:

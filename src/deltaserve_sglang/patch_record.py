@@ -78,6 +78,37 @@ PATCHES: tuple[PatchRecord, ...] = (
                 why="the API server receives DeltaServeJobReqOutput; answers are matched to calls by rid",
                 upstream="not proposed yet: as above", remove_when="as above",
                 breaks_if="scheduler outputs are dispatched another way", applies="launcher"),
+    PatchRecord(target="sglang.srt.model_executor.model_runner.ModelRunner.{decode,prefill}_cuda_graph_runner"
+                       ".can_run_graph",
+                how="instance attribute over the graph runner's own method (plugin.install_graph_guard; CUDA only)",
+                why="a step carrying fine-tuning rows runs SGLang's eager path, where the layer-capture and abort hooks "
+                    "fire (they do not inside a replayed CUDA graph); every other step gets SGLang's own answer",
+                upstream="not proposed yet: a per-batch 'run eagerly' flag on ForwardBatch/ScheduleBatch",
+                remove_when="SGLang lets a batch ask for the eager path",
+                breaks_if="ModelRunner._forward_raw stops asking the runner instances, or the attributes are renamed "
+                          "(0.5.15 and 0.5.23 both have them)", applies="cuda"),
+    PatchRecord(target="sglang.srt.managers.schedule_batch.Req.skip_radix_cache_insert",
+                how="attribute set to True on each fine-tuning row's Req right after handle_generate_request",
+                why="a finished fine-tuning row's KV is freed instead of inserted into the radix cache (its unique "
+                    "extra_key already keeps it from being served or skipped): the cache never stores those rows",
+                upstream="SGLang's own flag (set for fake-bootstrap and embedding-override requests); not settable from a "
+                         "request today", remove_when="a request-level 'do not cache' option exists",
+                breaks_if="release_kv_cache stops reading the flag (it reads it in 0.5.15 and 0.5.23)"),
+    PatchRecord(target="model.model.layers[i] (decoder layers of the loaded model)",
+                how="torch forward pre-hook per layer (plugin.install_layer_capture)",
+                why="capture each layer's residual-stream input for fine-tuning rows (0.5.23: through the layer's "
+                    "capture_output callback; 0.5.15: hidden_states + residual before the fused add-RMSNorm) and poll "
+                    "should_abort at every layer boundary of a fine-tuning-only step",
+                upstream="not proposed yet: a per-layer callback for plugins",
+                remove_when="SGLang offers per-layer input callbacks and an early stop",
+                breaks_if="the layers' forward arguments change (versions.SHAPES checks them at start-up)"),
+    PatchRecord(target="model.forward (the loaded model instance)",
+                how="instance attribute wrapping the original (plugin.install_layer_capture)",
+                why="abort: a fine-tuning-only step stopped at a layer boundary returns zero logits, so SGLang finishes "
+                    "its rows as after any step",
+                upstream="not proposed yet: a way to end a forward early",
+                remove_when="SGLang can end a forward early",
+                breaks_if="SGLang calls the model through another attribute"),
     PatchRecord(target="sglang.srt.managers.tokenizer_manager._SCHEDULER_EXIT_TIMEOUT_SECS",
                 how="module constant raised in the launching process",
                 why="the API server waits long enough for the final checkpoint after its ShutdownReq",

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HOOKS", "STREAMERS", "HooksNotLiveError", "install_layer_capture", "register", "verify_hooks"]
+__all__ = ["HOOKS", "STREAMERS", "HooksNotLiveError", "install_graph_guard", "install_layer_capture", "register",
+           "verify_hooks"]
 
 #: id(SchedulerOutputStreamer) -> Binding of its scheduler, for the streamers DeltaServe is attached to.
 STREAMERS: dict[int, Any] = {}
@@ -197,12 +199,15 @@ def verify_hooks() -> None:
 
 
 def install_layer_capture(model: Any, binding: Any) -> int:
-    """Pass a ``capture_output`` callback to every decoder layer, poll ``should_abort`` at every layer boundary of
-    a fine-tuning-only step, and make the model's forward stoppable there; returns the number of layers.
+    """Capture every decoder layer's input, poll ``should_abort`` at every layer boundary of a fine-tuning-only
+    step, and make the model's forward stoppable there; returns the number of layers.
 
-    SGLang's Llama-family decoder layers take ``capture_output`` (the EAGLE3 auxiliary-hidden-state path) and call
-    it with the layer's residual-stream input once the pending residual add is done; the ``hidden_states``
-    argument itself may be an un-added partial ("owed output"), so reading it in a pre-hook would be wrong.
+    SGLang 0.5.23's Llama-family decoder layers take ``capture_output`` (the EAGLE3 auxiliary-hidden-state path)
+    and call it with the layer's residual-stream input once the pending residual add is done; the
+    ``hidden_states`` argument itself may be an un-added partial ("owed output"), so reading it in a pre-hook
+    would be wrong. SGLang 0.5.15's layers take ``(positions, hidden_states, forward_batch, residual)``: the
+    layer's input is ``hidden_states + residual`` (``hidden_states`` alone at the first layer), computed in the
+    pre-hook before the layer's fused add-RMSNorm updates both tensors in place (as on vLLM).
 
     Abort: the pre-hook raises :class:`StopForward` before the layer runs; the wrapped ``model.forward`` catches it
     and returns the logits the sampler expects (zeros: a fine-tuning-only step holds no client row, and its rows
@@ -227,8 +232,20 @@ def install_layer_capture(model: Any, binding: Any) -> int:
         kwargs["capture_output"] = functools.partial(_capture, binding, layer)
         return args, kwargs
 
+    def residual_pre_hook(layer: int, module: Any, args: tuple, kwargs: dict) -> None:
+        if binding.plan is None or not binding._rows:
+            return None
+        if binding.should_stop():
+            raise StopForward
+        hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
+        residual = args[3] if len(args) > 3 else kwargs.get("residual")
+        binding.capture(layer, hidden if residual is None else hidden + residual)
+        return None
+
     for i, layer in enumerate(layers):
-        layer.register_forward_pre_hook(functools.partial(pre_hook, i), with_kwargs=True)
+        takes_callback = "capture_output" in inspect.signature(type(layer).forward).parameters
+        hook = pre_hook if takes_callback else residual_pre_hook
+        layer.register_forward_pre_hook(functools.partial(hook, i), with_kwargs=True)
     forward = model.forward
 
     @functools.wraps(forward)
@@ -241,6 +258,39 @@ def install_layer_capture(model: Any, binding: Any) -> int:
 
     model.forward = stoppable_forward
     return len(layers)
+
+
+#: the attributes of SGLang's ModelRunner that hold a CUDA-graph runner (decode; prefill, 0.5.15's breakable or
+#: piecewise backends), each asked ``can_run_graph(forward_batch)`` before every forward
+GRAPH_RUNNERS = ("decode_cuda_graph_runner", "prefill_cuda_graph_runner")
+
+
+def install_graph_guard(model_runner: Any, binding: Any) -> list[str]:
+    """Make SGLang's CUDA-graph runners answer no to ``can_run_graph`` for a step that carries fine-tuning rows
+    (``binding.forces_eager()``), so that step runs SGLang's eager path, where the capture and abort hooks fire;
+    every other step gets SGLang's own answer. Idempotent; returns the runner attributes guarded now.
+
+    An instance attribute over the runner's own method (not a HookRegistry hook): the runner classes differ by
+    backend and SGLang release, the instance is the one ``ModelRunner._forward_raw`` asks. The eager runner
+    (SGLang's stand-in where graphs are off) already answers no and is left alone."""
+    guarded = []
+    for attr in GRAPH_RUNNERS:
+        runner = getattr(model_runner, attr, None)
+        can_run = getattr(runner, "can_run_graph", None)
+        if runner is None or can_run is None or type(runner).__name__ == "EagerRunner":
+            continue
+        if getattr(can_run, "_deltaserve_guard", None) is binding:
+            continue
+
+        def guarded_can_run(forward_batch: Any, *args: Any, _original: Any = can_run, **kwargs: Any) -> bool:
+            if binding.forces_eager():
+                return False
+            return _original(forward_batch, *args, **kwargs)
+
+        guarded_can_run._deltaserve_guard = binding  # type: ignore[attr-defined]
+        runner.can_run_graph = guarded_can_run
+        guarded.append(attr)
+    return guarded
 
 
 class StopForward(Exception):

@@ -8,6 +8,7 @@ fails (tests/sglang/conftest.py).
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,12 @@ from deltaserve_conformance.harness import make_prompts, make_samples
 from deltaserve_core.types import FineTuneSample, ProposedBatch
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+#: CPU fp32 by default (CI); on a GPU machine DELTASERVE_SGLANG_DEVICE=cuda runs the module against CUDA SGLang
+#: (benchmarks/gpu/sglang_h200.sh), bf16 unless DELTASERVE_SGLANG_DTYPE says otherwise.
+DEVICE = os.environ.get("DELTASERVE_SGLANG_DEVICE", "cpu")
+DTYPE = os.environ.get("DELTASERVE_SGLANG_DTYPE", "float32" if DEVICE == "cpu" else "bfloat16")
+#: host options, "key=value,key=value" (e.g. cuda_graph_backend_prefill=disabled on a GPU)
+OPTIONS = dict(kv.split("=", 1) for kv in os.environ.get("DELTASERVE_SGLANG_OPTIONS", "").split(",") if "=" in kv)
 needs_sglang = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed (bash scripts/setup_sglang.sh)")
 
 
@@ -26,7 +33,8 @@ def deltaserve_conformance_env(cache_dir) -> Iterator[ConformanceEnv]:
         pytest.skip("SGLang is not installed")
     from deltaserve_conformance.plugin import build_env
 
-    env = build_env("deltaserve_sglang.host:SglangHost", cache_dir=cache_dir / "conformance")
+    env = build_env("deltaserve_sglang.host:SglangHost", cache_dir=cache_dir / "conformance", device=DEVICE,
+                    dtype=DTYPE, options=OPTIONS)
     yield env
     env.host.shutdown()  # type: ignore[attr-defined]
 
@@ -106,6 +114,27 @@ def test_same_sample_twice_is_recomputed_not_read_from_the_radix_cache(
 
 
 @needs_sglang
+def test_finetune_rows_are_never_stored_in_the_radix_cache(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """A fine-tuning row's KV is freed when it finishes, not inserted into the radix cache (skip_radix_cache_insert):
+    a fine-tuning-only step leaves the cache's size as it was, while a client request of the same length grows it."""
+    from deltaserve_core.driver import ClientRequest
+
+    env = deltaserve_conformance_env
+    cache = env.host._sched.tree_cache  # type: ignore[attr-defined]
+    sample = make_samples(env, 1, lengths=[33], seed=43, first_id=720)[0]
+    before = cache.total_size()
+    inject, _ = _inject_once([sample], empty=True)
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    assert env.host.run_idle_step()  # type: ignore[attr-defined]
+    env.install(None)
+    assert rec.records[-1].finetune_lengths == (33,)
+    assert cache.total_size() == before, "the fine-tuning row's KV was stored in the radix cache"
+    env.run([ClientRequest("cached-client", make_prompts(env, 1, seed=44)[0].prompt_ids, 2)])
+    assert cache.total_size() > before, "a client request's KV should be cached (the measure is blind otherwise)"
+
+
+@needs_sglang
 def test_a_client_prompt_equal_to_a_sample_is_not_served_from_its_kv(deltaserve_conformance_env: ConformanceEnv) -> None:
     """KV left by a fine-tuning row (reserved adapter, own radix namespace) never serves a client request."""
     from deltaserve_core.driver import ClientRequest
@@ -135,12 +164,128 @@ def test_idle_step_without_samples_runs_nothing(deltaserve_conformance_env: Conf
     assert rec.records == []
 
 
-def test_unsupported_sglang_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("version", ["0.5.24", "0.5.14", "0.6.0", "0.5.9"])
+def test_unsupported_sglang_version_is_refused_at_startup(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
     from deltaserve_sglang import versions
 
-    monkeypatch.setattr(versions.md, "version", lambda dist: "0.5.24")
-    with pytest.raises(versions.UnsupportedSglangError, match=r"sglang==0.5.24 is not supported.*sglang==0.5.23"):
+    monkeypatch.setattr(versions.md, "version", lambda dist: version)
+    with pytest.raises(versions.UnsupportedSglangError,
+                       match=rf"sglang=={version} is not supported.*sglang>=0.5.15,<=0.5.23.*0.5.15 on CUDA"):
         versions.check_supported_sglang()
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.15.post1", "0.5.19", "0.5.23", "0.5.23+cpu"])
+def test_versions_of_the_range_pass_the_version_check(monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    from deltaserve_sglang import versions
+
+    monkeypatch.setattr(versions.md, "version", lambda dist: version)
+    assert versions.check_supported_sglang() == version
+
+
+@needs_sglang
+def test_hooked_internals_of_another_shape_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release inside the range whose hooked internals match neither tested end is refused, naming the symbol;
+    the installed one (0.5.23 in CI, 0.5.15 on the GPU machine) matches its own end."""
+    from deltaserve_sglang import versions
+
+    assert versions.check_hook_shapes() is versions.is_legacy()
+    target = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+    original = dict(versions.SHAPES)
+    shapes = dict(original)
+    shapes[target] = (("self", "batch", "moved"),) * 2
+    monkeypatch.setattr(versions, "SHAPES", shapes)
+    with pytest.raises(versions.UnsupportedSglangError, match=r"Scheduler.run_batch.*expected"):
+        versions.check_hook_shapes()
+    # one symbol with the other end's shape beside this end's others: a mix of both ends, refused too
+    target = "sglang.srt.managers.scheduler.Scheduler.get_next_batch_to_run"
+    shapes = dict(original)
+    shapes[target] = original[target][::-1]
+    monkeypatch.setattr(versions, "SHAPES", shapes)
+    with pytest.raises(versions.UnsupportedSglangError, match="mix"):
+        versions.check_hook_shapes()
+
+
+def test_graph_guard_answers_no_only_for_steps_with_finetune_rows() -> None:
+    """CUDA: the graph runners' can_run_graph is SGLang's own answer unless the step carries fine-tuning rows, which
+    then run eagerly (capture hooks do not fire in a replayed graph). No GPU needed: the runners are stand-ins."""
+    from deltaserve_sglang.binding import Binding, StepPlan
+    from deltaserve_sglang.plugin import install_graph_guard
+
+    class Runner:
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def can_run_graph(self, forward_batch) -> bool:
+            self.asked += 1
+            return True
+
+    class EagerRunner:
+        def can_run_graph(self, forward_batch) -> bool:
+            return False
+
+    class ModelRunner:
+        decode_cuda_graph_runner = Runner()
+        prefill_cuda_graph_runner = EagerRunner()
+
+    mr, b = ModelRunner(), Binding()
+    assert install_graph_guard(mr, b) == ["decode_cuda_graph_runner"]
+    assert install_graph_guard(mr, b) == []  # idempotent
+    graph = mr.decode_cuda_graph_runner
+    assert graph.can_run_graph(None) is True  # no step planned: SGLang's answer
+    b.plan = StepPlan(step_id=1)
+    assert graph.can_run_graph(None) is True  # a step without rows: SGLang's answer
+    b.plan = StepPlan(step_id=2, samples={"__deltaserve_ft__x": make_samples_stub()})
+    assert graph.can_run_graph(None) is False and graph.asked == 2
+
+
+def make_samples_stub():
+    from deltaserve_core.types import FineTuneSample
+
+    return FineTuneSample(sample_id=1, input_ids=(1, 2, 3), loss_mask=(False, True, True))
+
+
+def test_legacy_layer_capture_reads_hidden_plus_residual() -> None:
+    """SGLang 0.5.15's decoder layers take (positions, hidden_states, forward_batch, residual): the captured input
+    is hidden_states + residual (hidden_states alone at the first layer), taken before the layer runs."""
+    import torch
+
+    from deltaserve_sglang.binding import Binding, StepPlan
+    from deltaserve_sglang.plugin import install_layer_capture
+
+    class Layer(torch.nn.Module):
+        def forward(self, positions, hidden_states, forward_batch, residual):
+            if residual is None:
+                residual = hidden_states.clone()
+            else:
+                residual.add_(hidden_states)  # in place, as SGLang's fused add-RMSNorm
+            return hidden_states * 2, residual
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Inner()
+
+        def forward(self, input_ids, positions, forward_batch):
+            h, r = input_ids, None
+            for layer in self.model.layers:
+                h, r = layer(positions, h, forward_batch, r)
+            return h
+
+    got: list[tuple[int, torch.Tensor]] = []
+    b = Binding()
+    b.capture = lambda layer, hidden: got.append((layer, hidden.clone()))  # type: ignore[method-assign]
+    model = Model()
+    assert install_layer_capture(model, b) == 2
+    x = torch.arange(6.0).reshape(3, 2)
+    b.plan, b._rows = StepPlan(step_id=0), [(1, 0, 3)]
+    model(x, None, None)
+    assert [layer for layer, _ in got] == [0, 1]
+    assert torch.equal(got[0][1], x) and torch.equal(got[1][1], x * 2 + x)
 
 
 def test_missing_sglang_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,3 +448,70 @@ def test_retract_unloads_the_version_once_no_request_runs_on_it(deltaserve_confo
     assert [o.token_ids for o in outputs] == [baseline.token_ids]
     assert old_id not in manager.loras and new_id in manager.loras
     assert not host._published_path(old).exists() and host._published_path(new).exists()  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------------------------ CUDA only
+
+on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"),
+                             reason="needs a CUDA GPU: benchmarks/gpu/sglang_h200.sh (DELTASERVE_SGLANG_DEVICE=cuda)")
+
+
+def _step_log(rec: Recorder, host, label: str) -> list[dict]:  # noqa: ANN001
+    rows = []
+    for r in rec.real_records():
+        batch = rec.batch_for(r.step_id)
+        rows.append({"run": label, "step": r.step_id, "mode": r.mode.value,
+                     "predicted": host.graph_mode(batch).value if batch is not None else None,
+                     "proposed": batch.mode.value if batch is not None else None,
+                     "prefill_lengths": list(r.prefill_lengths), "num_decode": r.num_decode,
+                     "finetune_lengths": list(r.finetune_lengths), "aborted": list(r.aborted_sample_ids),
+                     "duration_ms": round(r.duration_s * 1e3, 3)})
+    return rows
+
+
+def test_graph_modes_are_declared_for_the_device(deltaserve_conformance_env: ConformanceEnv) -> None:
+    from deltaserve_core.types import ExecutionMode
+
+    caps = deltaserve_conformance_env.host.capabilities()  # type: ignore[attr-defined]
+    if DEVICE == "cpu":
+        assert caps.graph_modes == frozenset({ExecutionMode.EAGER})
+    else:
+        assert caps.graph_modes == frozenset({ExecutionMode.EAGER, ExecutionMode.GRAPH})
+
+
+@on_cuda
+@needs_sglang
+def test_cuda_inference_steps_replay_graphs_and_finetune_steps_run_eagerly(
+        deltaserve_conformance_env: ConformanceEnv) -> None:
+    """SGLang's defaults on CUDA: inference-only steps replay its CUDA graphs (decode; prefill under its breakable
+    backend where the step fits), steps with fine-tuning rows run eagerly with every row captured, and each
+    record's mode is what SGLang did and what graph_mode() predicted. Writes the per-step log to
+    $DELTASERVE_STEP_LOG."""
+    import json
+
+    env = deltaserve_conformance_env
+    plain = Recorder()
+    env.install(plain)
+    env.run(make_prompts(env, 4, seed=31, max_tokens=8))
+    counter = iter(range(9000, 90_000))
+    mixed = Recorder(inject=lambda b: make_samples(env, 1, seed=next(counter), first_id=next(counter) * 10)
+                     if b.num_decode and b.step_id % 2 == 0 else ())
+    env.install(mixed)
+    env.run(make_prompts(env, 4, seed=32, max_tokens=8))
+    env.install(None)
+    rows = _step_log(plain, env.host, "plain") + _step_log(mixed, env.host, "finetune_every_other_decode_step")
+    if os.environ.get("DELTASERVE_STEP_LOG"):
+        with open(os.environ["DELTASERVE_STEP_LOG"], "w") as f:
+            json.dump(rows, f, indent=1)
+    for row in rows:
+        print(row)
+    graph = [r for r in rows if r["mode"] == "graph"]
+    assert any(r["num_decode"] and not r["prefill_lengths"] for r in graph), "no decode step replayed a CUDA graph"
+    assert not any(r["finetune_lengths"] for r in graph), "a fine-tuning row ran inside a replayed graph"
+    assert all(r["mode"] == r["predicted"] == r["proposed"] for r in rows if not r["finetune_lengths"]), \
+        "graph_mode() or the proposed batch's mode disagrees with what SGLang ran"
+    ft = [r for r in rows if r["finetune_lengths"]]
+    assert ft and all(r["mode"] == "eager" for r in ft)
+    assert any(r["num_decode"] for r in ft), "no fine-tuning row joined a decode step (would have been a graph)"
+    captured = {s for s, _, _, _ in mixed.captures}
+    assert captured == {r.step_id for r in mixed.real_records() if r.finetune_sample_ids}
