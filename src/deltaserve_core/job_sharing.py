@@ -92,6 +92,8 @@ class SharedJob:
     live: bool = False  # its controller installed its hooks (started) and has not removed them
     failed: str | None = None
     turns: int = 0
+    #: steps in which it was ready for rows that another job held (what the policy made it wait)
+    waited_steps: int = 0
     was_backlogged: bool = False
     view: JobHostView | None = field(default=None, repr=False)
 
@@ -185,6 +187,7 @@ class JobSharing:
         self._installed: SharedJob | None = None  # whose weights the host's reserved adapter holds
         self._step_owner: dict[int, SharedJob] = {}  # steps whose rows were admitted, until their record
         self._lock = threading.Lock()
+        self._ready: list[SharedJob] = []  # the jobs ready for rows at the last step
         self._started = False
         self.switches = 0
         self.switch_s = 0.0
@@ -348,6 +351,7 @@ class JobSharing:
             j.was_backlogged = backlogged
             if backlogged and j.co.ready_for_rows:
                 ready.append(j)
+        self._ready = ready
         if not ready:
             return self._owner if self._owner is not None and self._owner.live else None
         top = max(j.priority for j in ready)
@@ -390,6 +394,9 @@ class JobSharing:
                 except Exception as exc:  # noqa: BLE001 - the host refused this job's adapter: this job fails
                     self._fail(chosen, "installing its adapter for its turn", exc)
                     self._owner = chosen = None
+        for j in self._ready:
+            if j is not chosen:
+                j.waited_steps += 1
         samples: Sequence[FineTuneSample] = ()
         for j in live:
             if not j.live:
@@ -499,6 +506,7 @@ class JobSharing:
             "switch_s": self.switch_s,
             "jobs": [{"id": j.co.job_id, "adapter": j.co.job.adapter_name, "weight": j.weight,
                       "priority": j.priority, "tokens": j.tokens, "virtual_tokens": j.virtual, "turns": j.turns,
+                      "waited_steps": j.waited_steps,
                       "live": j.live, "ready": j.co.ready_for_rows if j.live else False, "failed": j.failed}
                      for j in self._jobs],
         }
