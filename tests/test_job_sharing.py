@@ -49,6 +49,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
+def exactness_tolerance() -> float:
+    """As test_coserve's: the reference host's captures are PEFT's; packing rounds differently (~1e-6)."""
+    return 1e-4
+
+
+@pytest.fixture(scope="module")
 def host(tiny_model: Path):  # noqa: ANN201
     h = create_host("reference", HostConfig(model=str(tiny_model)))
     yield h
@@ -120,7 +126,8 @@ def concurrent(host, data: tuple[Path, Path], tmp_path_factory: pytest.TempPathF
 
 @pytest.mark.exactness
 @pytest.mark.parametrize("name", ["a", "b"])
-def test_each_job_equals_plain_peft_over_its_own_batches(concurrent: dict, tiny_model: Path, name: str) -> None:
+def test_each_job_equals_plain_peft_over_its_own_batches(concurrent: dict, tiny_model: Path, name: str,
+                                                         exactness_tolerance: float) -> None:
     run = concurrent[name]
     job = run["job"]
     ref = _peft_replay(tiny_model, job.lora, run["init"], run["batches"], run["samples"], job.lr, job.weight_decay,
@@ -128,7 +135,7 @@ def test_each_job_equals_plain_peft_over_its_own_batches(concurrent: dict, tiny_
     worst = max((run["final"][k] - ref[k]).abs().max().item() / max(ref[k].abs().max().item(), 1e-12) for k in ref)
     moved = max((run["final"][k] - run["init"][k]).abs().max().item() for k in ref)
     assert len(run["batches"]) >= 3 and moved > 0
-    assert worst <= 1e-4, f"job {name}: adapter after {len(run['batches'])} steps differs from PEFT by {worst:.3g}"
+    assert worst <= exactness_tolerance, f"job {name}: adapter after {len(run['batches'])} steps differs from PEFT by {worst:.3g}"
 
 
 def test_turns_changed_and_both_jobs_published(concurrent: dict) -> None:
