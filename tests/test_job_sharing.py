@@ -28,7 +28,7 @@ from deltaserve_core.job_config import (CheckpointSpec, JobConfig, JobConfigErro
                                         job_config_from_mapping, job_config_to_mapping)
 from deltaserve_core.job_sharing import JobSharing
 from deltaserve_core.registry import create_host
-from test_coserve import _model, _peft_replay, _requests
+from test_coserve import _model, _peft_replay, _requests, _update_error
 
 _TOPICS_A = ["the sea", "a mountain", "bread", "rain", "the moon", "a river", "music", "trees", "winter", "a city"]
 _TOPICS_B = ["a cat", "the sun", "coffee", "a train", "snow", "a garden", "a book", "the wind", "a bridge", "stars"]
@@ -52,6 +52,14 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def exactness_tolerance() -> float:
     """As test_coserve's: the reference host's captures are PEFT's; packing rounds differently (~1e-6)."""
     return 1e-4
+
+
+@pytest.fixture(scope="module")
+def split_band() -> tuple[float, float]:
+    """Bounds on job a's tokens over job b's at weights 2:1. Only steps both jobs are ready for are contested (the
+    others go to whoever is ready), so how close the split comes to 2 depends on how long each backward takes
+    against the other's forwards: on the reference host it came out 1.4-2.0."""
+    return 1.4, 2.8
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +142,13 @@ def test_each_job_equals_plain_peft_over_its_own_batches(concurrent: dict, tiny_
                        torch.float32, "cpu")
     worst = max((run["final"][k] - ref[k]).abs().max().item() / max(ref[k].abs().max().item(), 1e-12) for k in ref)
     moved = max((run["final"][k] - run["init"][k]).abs().max().item() for k in ref)
+    update = _update_error(run["final"], ref, run["init"])
+    print(f"job {name}: {len(run['batches'])} steps, max relative difference {worst:.3g}, update error {update:.3g}")
     assert len(run["batches"]) >= 3 and moved > 0
-    assert worst <= exactness_tolerance, f"job {name}: adapter after {len(run['batches'])} steps differs from PEFT by {worst:.3g}"
+    # the update as a whole (relative L2): a row run on another job's or a stale adapter moves it by ~1e-3
+    assert update <= 1e-4, f"job {name}: the update differs from PEFT's by {update:.3g} (relative L2)"
+    assert worst <= exactness_tolerance, (f"job {name}: adapter after {len(run['batches'])} steps differs from PEFT by "
+                                          f"{worst:.3g} (relative; update error {update:.3g})")
 
 
 def test_turns_changed_and_both_jobs_published(concurrent: dict) -> None:
@@ -151,12 +164,13 @@ def test_client_outputs_are_greedy_without_deltaserve(concurrent: dict) -> None:
     assert concurrent["outputs"] == concurrent["baseline"]
 
 
-def test_tokens_split_as_the_weights_say(concurrent: dict) -> None:
+def test_tokens_split_as_the_weights_say(concurrent: dict, split_band: tuple[float, float]) -> None:
     jobs = {j["adapter"]: j for j in concurrent["status"]["jobs"]}
     a, b = jobs["job-a"]["tokens"], jobs["job-b"]["tokens"]
+    print(f"tokens a {a}, b {b}, ratio {a / max(b, 1):.2f}; {concurrent['status']}")
     assert a > 0 and b > 0
     # weights 2:1; turns change at whole samples, and only steps both jobs are ready for are contested
-    assert 1.4 <= a / b <= 2.8, (a, b, concurrent["status"])
+    assert split_band[0] <= a / b <= split_band[1], (a, b, concurrent["status"])
 
 
 def test_a_higher_priority_goes_first(host, data: tuple[Path, Path], tmp_path: Path) -> None:  # noqa: ANN001
@@ -262,3 +276,28 @@ def test_share_is_validated_naming_the_key(tmp_path: Path) -> None:
             job_config_from_mapping({"dataset": "d.json", "share": bad})
     with pytest.raises(JobConfigError, match=r"share\.weight.*got 0"):
         JobConfig(dataset="d.json", share=ShareSpec(weight=0))
+
+
+def test_a_restarted_sharing_resumes_every_job_from_its_own_folder(host, data: tuple[Path, Path],  # noqa: ANN001
+                                                                   tmp_path: Path) -> None:
+    jobs = (_job(data[0], tmp_path / "a", "a"), _job(data[1], tmp_path / "b", "b"))
+    sharing = JobSharing(host, switch_tokens=48).start()
+    try:
+        a, b = (sharing.start_job(j, latency_model=_model(), backward_threads=1) for j in jobs)
+        _idle_until(host, sharing, lambda: a.stats.optimizer_steps >= 2 and b.stats.optimizer_steps >= 2,
+                    what="both jobs' steps")
+        folders = {co.job_id: co.final_checkpoint(timeout_s=60) for co in (a, b)}
+        weights = {co.job_id: _weights(co) for co in (a, b)}
+        steps = {co.job_id: co.adapter_step for co in (a, b)}
+    finally:
+        sharing.close()
+    assert all(folders.values()) and len(set(folders.values())) == 2, folders
+    with JobSharing(host, switch_tokens=48) as again:
+        resumed = [again.start_job(j, latency_model=_model(), backward_threads=1) for j in jobs]
+        for co in resumed:
+            assert co.adapter_step == steps[co.job_id], (co.job_id, co.adapter_step, steps)
+            w = _weights(co)
+            assert all(torch.equal(w[k], weights[co.job_id][k]) for k in w), f"{co.job_id} resumed other weights"
+        before = {co.job_id: co.adapter_step for co in resumed}
+        _idle_until(host, again, lambda: all(co.adapter_step > before[co.job_id] for co in resumed),
+                    what="both resumed jobs to train on")

@@ -29,9 +29,20 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 @pytest.fixture(scope="module")
 def exactness_tolerance() -> float:
-    """test_coserve_vllm's: vLLM's fp32 CPU kernels reduce in another order than transformers (~1e-6 in captured
-    layer inputs), which AdamW magnifies on gradient entries near zero."""
-    return 1e-4
+    """Element-wise, relative to the largest entry of each tensor. vLLM's fp32 CPU kernels reduce in another order
+    than transformers (~1e-6 in captured layer inputs), which AdamW magnifies on gradient entries near zero
+    (test_coserve_vllm measured 5.7e-5 after 3 steps of its data). Measured here: job a 1.5e-5 after 4 steps,
+    job b 2.9e-4 after 3 steps, while the update as a whole differed from PEFT's by 1.2e-6 and 5.6e-6 (relative L2;
+    asserted <= 1e-4 on every host): noise on near-zero entries, not a row run on the wrong adapter, which moves the
+    whole update by ~1e-3."""
+    return 1e-3
+
+
+@pytest.fixture(scope="module")
+def split_band() -> tuple[float, float]:
+    """vLLM-CPU steps are slower than the reference host's, so each backward overlaps more of the other job's
+    forwards and fewer steps are contested: measured 1.33 (2048 against 1536 tokens). The weight still has to show."""
+    return 1.1, 2.8
 
 
 @pytest.fixture(scope="module")
