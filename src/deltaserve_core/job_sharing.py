@@ -68,6 +68,7 @@ from .adapter_state import LoraAdapterState
 from .admission import AdmissionReason
 from .coserve import CoServer
 from .hooks import ActivationSink, HostHooks, ScheduleInterceptor, StepSink
+from .hostkit import publish_dir
 from .job_config import JobConfig, JobConfigError
 from .types import ExecutionMode, FineTuneSample, HostCapabilities, ModelSpec, ProfileShape, ProposedBatch, StepRecord
 
@@ -153,6 +154,11 @@ class JobHostView:
         self._sharing._set_adapter(self._job, state)
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
+        # A server's host publishes into one folder, the running job's (vLLM's and SGLang's serving hosts, see
+        # EngineRuntime.job_changed): point it at this job's before each publish, so versions stay with their job.
+        publish_to = getattr(self._host, "publish_to", None)
+        if callable(publish_to):
+            publish_to(publish_dir(self._job.co.job))
         return self._host.publish_adapter(state)
 
     def retract_adapter(self, name: str) -> None:
