@@ -58,7 +58,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,12 +180,16 @@ class JobSharing:
         sharing.close()                              # closes every job, then removes the hooks
     """
 
-    def __init__(self, host: HostHooks, *, switch_tokens: float = 256.0) -> None:
+    def __init__(self, host: HostHooks, *, switch_tokens: float = 256.0,
+                 coserver_factory: Callable[..., CoServer] = CoServer) -> None:
         """``switch_tokens``: how far (in fine-tuning tokens divided by weight) the holder of the rows may run ahead
-        of the least-served ready job of its priority before the turn changes (see the module docs)."""
+        of the least-served ready job of its priority before the turn changes (see the module docs).
+        ``coserver_factory``: builds each job's controller from (view, job, **options); :class:`CoServer` except in
+        tests of the policy alone."""
         if not switch_tokens >= 0:
             raise ValueError(f"switch_tokens must be >= 0 fine-tuning tokens, got {switch_tokens!r}")
         self.host = host
+        self._factory = coserver_factory
         self.switch_tokens = float(switch_tokens)
         self._jobs: list[SharedJob] = []
         self._live: tuple[SharedJob, ...] = ()  # replaced whole, read by on_arrival from any thread
@@ -271,7 +275,7 @@ class JobSharing:
                     "host; their published versions would collide: give this job another adapter_name")
         slot = SharedJob(co=None, index=len(self._jobs))  # type: ignore[arg-type]
         slot.view = JobHostView(self, self.host, slot)
-        slot.co = CoServer(slot.view, job, **coserver_kwargs)  # type: ignore[arg-type]
+        slot.co = self._factory(slot.view, job, **coserver_kwargs)
         self._jobs.append(slot)
         return slot.co
 
