@@ -178,6 +178,9 @@ class JobSharing:
         b = sharing.start_job(job_b, latency_model=...)
         ...                                          # the host steps; each job trains its own adapter
         sharing.close()                              # closes every job, then removes the hooks
+
+    Jobs are added, started and removed on the thread that steps the host (the jobs API's calls run there too);
+    only ``on_arrival`` may come from another thread.
     """
 
     def __init__(self, host: HostHooks, *, switch_tokens: float = 256.0,
