@@ -54,6 +54,7 @@ host.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -195,6 +196,7 @@ class JobSharing:
         self._factory = coserver_factory
         self.switch_tokens = float(switch_tokens)
         self._jobs: list[SharedJob] = []
+        self._order = itertools.count()  # the order jobs were added in: ties go to the earlier
         self._live: tuple[SharedJob, ...] = ()  # replaced whole, read by on_arrival from any thread
         self._owner: SharedJob | None = None  # holds the fine-tuning rows
         self._installed: SharedJob | None = None  # whose weights the host's reserved adapter holds
@@ -263,9 +265,7 @@ class JobSharing:
             raise JobConfigError(f"job config: data_parallel.world_size: {job.data_parallel.world_size}: a "
                                  "data-parallel job runs alone on its host; run it on its own servers, or set it to 1")
         mine = os.path.realpath(job.checkpoint.dir)
-        for other in self._jobs:
-            if other.failed is not None and other.co.job.adapter_name == job.adapter_name and not other.live:
-                continue
+        for other in self._jobs:  # a failed job keeps its folder and name until it is removed
             theirs = os.path.realpath(other.co.job.checkpoint.dir)
             if mine == theirs or mine.startswith(theirs + os.sep) or theirs.startswith(mine + os.sep):
                 raise JobConfigError(
@@ -276,7 +276,7 @@ class JobSharing:
                 raise JobConfigError(
                     f"job config: adapter_name: {job.adapter_name!r} is the adapter of job {other.co.job_id} on this "
                     "host; their published versions would collide: give this job another adapter_name")
-        slot = SharedJob(co=None, index=len(self._jobs))  # type: ignore[arg-type]
+        slot = SharedJob(co=None, index=next(self._order))  # type: ignore[arg-type]
         slot.view = JobHostView(self, self.host, slot)
         slot.co = self._factory(slot.view, job, **coserver_kwargs)
         self._jobs.append(slot)
