@@ -117,6 +117,7 @@ class AdmissionReason(str, enum.Enum):
     # beyond the paper: the job is paused (repeated non-finite steps, failing saves, the operator) or stopping
     TRAINING_PAUSED = "training_paused"
     HOST_WORK_IN_STEP = "host_work_in_step"  # beyond the paper: this step's spare time went to an adapter install
+    OTHER_JOB = "other_job"  # beyond the paper: another job on this host has the fine-tuning rows (job_sharing)
     BUFFER_FULL = "buffer_full"  # line 2: S_max ≤ 0
     POOL_EMPTY = "pool_empty"  # line 2
     DECODE_ONLY_STEP = "decode_only_step"  # line 5: host cannot mix, step has no prefill
@@ -307,6 +308,11 @@ class Admission:
             self.safety = self.margin.factor
             self.overhead_s = self.margin.overhead_s
         return predicted
+
+    def forget(self, step_id: int) -> None:
+        """Step ``step_id`` ran another job's fine-tuning rows: its price here (inference alone) says nothing about
+        its duration, so the margin must not learn from it (:mod:`.job_sharing`)."""
+        self._predicted.pop(step_id, None)
 
     def discount_gap(self, seconds: float) -> None:
         """Host work of ``seconds`` ran before the next step: not host overhead between steps (see the margin)."""

@@ -185,6 +185,10 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         self._step_reasons: OrderedDict[int, str] = OrderedDict()
         self._save_ids: set[int] = set()  # command ids of checkpoint saves not yet answered
         self._admission_stopped = False
+        #: set by a :class:`~deltaserve_core.job_sharing.JobSharing` while another job holds the fine-tuning rows:
+        #: this job's admission then holds with it (its housekeeping, preemption of its backward and its end-of-data
+        #: dispatch still run every step); None for a job alone on its host
+        self.turn_hold: AdmissionReason | None = None
         #: called with every executed step's record once the controller has handled it, on the host's scheduling
         #: thread, so they must be cheap and must not raise (metrics use this: :mod:`.metrics`)
         self.step_observers: list[Callable[[StepRecord], None]] = []
@@ -383,7 +387,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
                 else:
                     self._dispatch_backward()  # end of the data: train the partial batch rather than wait for more
                 pause = AdmissionReason.BACKWARD_RUNNING
-        decision = self.admission.decide(batch, pool=self.pool, buffer_free_tokens=self.buffer.free_tokens, hold=pause)
+        decision = self.admission.decide(batch, pool=self.pool, buffer_free_tokens=self.buffer.free_tokens,
+                                         hold=pause if pause is not None else self.turn_hold)
         for observe in self.decision_observers:
             observe(batch, decision)
         reason = decision.reason.value
@@ -462,6 +467,32 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         for observe in self.step_observers:
             observe(record)
         self._maybe_log()
+
+    def observe_foreign_step(self, record: StepRecord) -> None:
+        """StepSink for a step that carried another job's fine-tuning rows (:mod:`.job_sharing`): the latency model
+        learns from it (latency is the host's, whoever's rows ran), nothing else here does: the samples are not
+        this job's and its admission priced the step without them."""
+        if self.backward is not None:
+            self.backward.grant.set()
+        self.admission.forget(record.step_id)
+        self.model.observe(record)
+
+    @property
+    def ready_for_rows(self) -> bool:
+        """Whether this job would admit fine-tuning rows if it held them now (:mod:`.job_sharing` hands them only to
+        such jobs): started, not failed, paused, stopping or recovering, its backward not applying an optimizer step
+        (Algorithm 1, line 2), samples left and room in its buffer."""
+        bw, buf = self.backward, self.buffer
+        return self.backlogged and bw is not None and not bw.busy and buf is not None and buf.free_tokens > 0
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether this job has samples to train and may train them: started, not failed, paused, stopping or
+        recovering (its backward may be busy). :mod:`.job_sharing` keeps a job's fair-share credit across the
+        steps its backward runs, not across a pause."""
+        return (self._started and self.backward is not None and self._failed is None and self._recovering is None
+                and not self._admission_stopped and not self._operator_paused and self.stats.training_paused is None
+                and self.stats.paused_reason is None and len(self.pool) > 0)
 
     def poll(self) -> None:
         """Housekeeping between steps (hosts call nothing extra; the demo and tests may call it when idle)."""

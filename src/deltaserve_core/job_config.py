@@ -29,6 +29,8 @@ checked next, still before anything starts, by :mod:`.preflight`. Reading a job 
       step_timeout_s: 60                   # a closed global step waits this long for a member's gradients
       claim_samples: 16                    # samples a rank takes from the global order at once
       keep_steps: 64                       # global steps kept in the store for a restarted rank to catch up
+    share: {weight: 1, priority: 0}        # optional: several jobs on one host (docs/architecture.md, "Several
+                                           # jobs"): fair share by weight among jobs of the highest ready priority
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pydantic.fields import FieldInfo
 from .lora_spec import LoraConfigSpec
 
 __all__ = ["LATEST_SUFFIX", "JobConfig", "JobConfigError", "SLOSpec", "CheckpointSpec", "PublishSpec", "DataParallelSpec",
+           "ShareSpec",
            "job_config_from_mapping", "job_config_to_mapping", "load_job_config"]
 
 PUBLISH_POLICIES = ("never", "every_n_steps", "on_checkpoint")
@@ -103,6 +106,18 @@ class DataParallelSpec:
 
 
 @dataclass(frozen=True)
+class ShareSpec:
+    """How this job shares a host's harvested capacity with other jobs on it (:mod:`deltaserve_core.job_sharing`).
+
+    ``weight``: among ready jobs of the same priority, fine-tuning tokens are shared in proportion to it.
+    ``priority``: a ready job of a higher priority always goes first; lower ones get the steps it cannot use (while
+    its backward runs, say). Both are inert for a job alone on its host."""
+
+    weight: float = 1.0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
 class JobConfig:
     dataset: str
     adapter_name: str = "deltaserve-adapter"
@@ -121,6 +136,7 @@ class JobConfig:
     dataset_format: str = "auto"
     seed: int = 0
     data_parallel: DataParallelSpec = field(default_factory=DataParallelSpec)
+    share: ShareSpec = field(default_factory=ShareSpec)
 
     def __post_init__(self) -> None:
         def need(cond: bool, key: str, msg: str) -> None:
@@ -171,6 +187,11 @@ class JobConfig:
              "must be > 0 when publish.policy is every_n_steps")
         need(self.dataset_format in ("auto", "alpaca", "sharegpt"), "dataset_format",
              f"must be auto, alpaca or sharegpt, got {self.dataset_format!r}")
+        need(finite(self.share.weight) and self.share.weight > 0, "share.weight",
+             f"must be a positive finite number (a job's share relative to the others'), got {self.share.weight!r}; "
+             "use e.g. 1 or 2")
+        need(whole(self.share.priority), "share.priority",
+             f"must be an integer (higher goes first), got {self.share.priority!r}; use e.g. 0 or 1")
         dp = self.data_parallel
         need(whole(dp.world_size) and dp.world_size >= 1, "data_parallel.world_size",
              f"must be an integer >= 1 (1: one replica), got {dp.world_size!r}")
@@ -281,6 +302,12 @@ class _DataParallelSchema(_Section):
     keep_steps: int = Field(64, ge=1, description="an integer above checkpoint.every_steps, e.g. 64")
 
 
+class _ShareSchema(_Section):
+    weight: _PosNumber = Field(1.0, description="a positive number, the job's share relative to the others', e.g. 1 "
+                                                "or 2")
+    priority: int = Field(0, description="an integer; a ready job of a higher priority goes first, e.g. 0 or 1")
+
+
 class _JobSchema(_Section):
     dataset: str = Field(min_length=1, description="the path of an Alpaca or ShareGPT .json/.jsonl file, or "
                                                    f"{BUILTIN_DEMO_DATASET}")
@@ -304,9 +331,10 @@ class _JobSchema(_Section):
     data_parallel: _DataParallelSchema = Field(
         default_factory=_DataParallelSchema,
         description="a mapping: {world_size, rendezvous, step_timeout_s, claim_samples, keep_steps}")
+    share: _ShareSchema = Field(default_factory=_ShareSchema, description="a mapping: {weight, priority}")
 
 
-_SECTIONS = ("lora", "optimizer", "slo", "checkpoint", "publish", "data_parallel")
+_SECTIONS = ("lora", "optimizer", "slo", "checkpoint", "publish", "data_parallel", "share")
 
 
 def _field_at(loc: tuple[Any, ...]) -> tuple[str, FieldInfo | None, type[BaseModel] | None]:
@@ -395,7 +423,8 @@ def job_config_from_mapping(raw: Mapping[str, Any], base_dir: Path | None = None
         publish=PublishSpec(s.publish.policy, s.publish.every_steps), dataset_format=s.dataset_format, seed=s.seed,
         data_parallel=DataParallelSpec(s.data_parallel.world_size, s.data_parallel.rendezvous,
                                        float(s.data_parallel.step_timeout_s), s.data_parallel.claim_samples,
-                                       s.data_parallel.keep_steps))
+                                       s.data_parallel.keep_steps),
+        share=ShareSpec(float(s.share.weight), s.share.priority))
 
 
 def job_config_to_mapping(job: JobConfig) -> dict[str, Any]:
@@ -420,6 +449,9 @@ def job_config_to_mapping(job: JobConfig) -> dict[str, Any]:
                               "step_timeout_s": job.data_parallel.step_timeout_s,
                               "claim_samples": job.data_parallel.claim_samples,
                               "keep_steps": job.data_parallel.keep_steps}} if job.data_parallel.enabled else {}),
+        # only when set: a job alone on its host has no share to state
+        **({"share": {"weight": job.share.weight, "priority": job.share.priority}}
+           if job.share != ShareSpec() else {}),
     }
 
 

@@ -89,6 +89,16 @@ class JobStatusMixin:
         self._advance_cancel()
         return self.job_status()
 
+    def contain_failure(self, message: str) -> None:
+        """Fail this job, and only it: admission stops for good and the status says ``failed`` with ``message``.
+        Called by :mod:`.job_sharing` when the job's own code raised inside the host's step, where the exception
+        would otherwise stop the engine and every other job on it."""
+        if self._failed is None:
+            self._failed = message
+            self._admission_stopped = True
+            log.error("fine-tuning job %s failed: %s", self.job_id, message)
+            self.events.add("error", message)
+
     def _resume_cancelled(self, step: int, cancelled_at: int) -> None:
         """The checkpoint resumed from was written by or after a cancel (at unix time ``cancelled_at``): the job stays
         cancelled (no admission, its published versions still served), as the operator left it."""
