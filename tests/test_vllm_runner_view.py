@@ -1,10 +1,11 @@
 """The worker extension's runner views (deltaserve_vllm.runner_view) without a GPU.
 
 The V2 model runner itself only runs on CUDA, but its per-step ``InputBatch``, its batch order
-(``sort_batch_req_ids``), its graph descriptor (``BatchExecutionDescriptor``) and its runner class import on CPU.
-A stand-in runner subclasses vLLM's real V2 class (so the view is chosen from the type, as on the GPU) and replays
-the order of calls V2's ``execute_model`` makes -- graph decision, ``prepare_inputs``, forward through the layers,
-``sample_tokens`` -- with vLLM's own helpers, so the worker's wrappers run exactly where they run on the GPU.
+(``sort_batch_req_ids``), its graph manager (``CudaGraphManager``: candidate table and ``dispatch``, with the parts
+that need a GPU or a process group stubbed) and its runner class import and run on CPU. A stand-in runner subclasses
+vLLM's real V2 class (so the view is chosen from the type, as on the GPU) and replays the order of calls V2's
+``execute_model`` makes -- graph decision, ``prepare_inputs``, forward through the layers, ``sample_tokens`` -- with
+vLLM's own helpers, so the worker's wrappers run exactly where they run on the GPU.
 """
 
 from __future__ import annotations
@@ -72,31 +73,38 @@ def _v2_batch(num_scheduled_tokens: dict[str, int]) -> Any:
     return dataclasses.replace(dummy, req_ids=req_ids, num_scheduled_tokens=counts, query_start_loc_np=starts)
 
 
+@pytest.fixture
+def graph_manager(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """vLLM's own V2 CudaGraphManager (its __init__, candidate table and dispatch) for capture sizes 1-16, at most 8
+    requests, FULL_AND_PIECEWISE and LoRA cases 0/1/2, marked captured; what needs a GPU or a process group is
+    stubbed in its module."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    monkeypatch.setattr(cudagraph_utils, "get_pp_group", lambda: SimpleNamespace(is_first_rank=True,
+                                                                                 is_last_rank=True))
+    monkeypatch.setattr(cudagraph_utils, "current_platform", SimpleNamespace(get_global_graph_pool=lambda: None))
+    monkeypatch.setattr(cudagraph_utils, "is_breakable_cudagraph_enabled", lambda: False)
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=8),
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=[1, 2, 4, 8, 16], max_cudagraph_capture_size=16),
+        parallel_config=SimpleNamespace(data_parallel_size=1, tensor_parallel_size=1), speculative_config=None,
+        cache_config=SimpleNamespace(use_kda_recoverssm=False))  # read by 0.32's candidate table
+    manager = cudagraph_utils.CudaGraphManager(config, torch.device("cpu"), CUDAGraphMode.FULL_AND_PIECEWISE,
+                                               decode_query_len=1, lora_capture_cases=[0, 1, 2])
+    manager._graphs_captured = True  # what capture() sets once the graphs exist
+    return manager
+
+
 def _v2_runner_class() -> type:
     """A stand-in for vLLM's V2 GPUModelRunner: a subclass of the real class whose execute_model / sample_tokens /
-    prepare_inputs replay V2's call order on CPU."""
+    prepare_inputs replay V2's call order on CPU, asking the graph manager it is given."""
     from vllm.config import CUDAGraphMode
-    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
-    class Manager:
-        """V2's cudagraph manager as far as dispatch goes: a FULL graph for 1-8 token decodes, PIECEWISE up to 16."""
-
-        cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-        lora_capture_cases = [0, 3]
-
-        def dispatch(self, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
-                     num_active_loras: int, **kwargs: Any) -> BatchExecutionDescriptor:
-            for size in (1, 2, 4, 8, 16):
-                if num_tokens <= size:
-                    if uniform_token_count == 1 and size <= 8:
-                        return BatchExecutionDescriptor(CUDAGraphMode.FULL, size, size, 1, num_active_loras=3)
-                    return BatchExecutionDescriptor(CUDAGraphMode.PIECEWISE, size, None, num_active_loras=3)
-            return BatchExecutionDescriptor(CUDAGraphMode.NONE, num_tokens, num_reqs, num_active_loras=3)
-
     class Runner(GPUModelRunner):  # type: ignore[misc]
-        def __init__(self, layers: int = 2) -> None:  # vLLM's __init__ needs a device; nothing of it is used
-            self.cudagraph_manager = Manager()
+        def __init__(self, manager: Any = None, layers: int = 2) -> None:  # vLLM's __init__ needs a GPU
+            self.cudagraph_manager = manager
             self.vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=False),
                                                parallel_config=SimpleNamespace(enable_dbo=False))
             self.pcp_manager = None
@@ -155,11 +163,11 @@ class _Sink:
         self.ended.append((list(completed), list(aborted)))
 
 
-def _attached(layers: int = 2) -> tuple[Any, Any, Any]:
+def _attached(manager: Any, layers: int = 2) -> tuple[Any, Any, Any]:
     from deltaserve_vllm.channel import open_channel
     from deltaserve_vllm.worker import _WorkerState
 
-    runner = _v2_runner_class()(layers)
+    runner = _v2_runner_class()(manager, layers)
     channel = open_channel()
     state = _WorkerState(channel, runner, num_layers=layers)
     runner.receiver = state.on_layer
@@ -185,12 +193,12 @@ def test_view_is_chosen_from_the_runner_type() -> None:
 
 
 @needs_vllm
-def test_v2_rows_follow_the_batch_the_runner_built() -> None:
+def test_v2_rows_follow_the_batch_the_runner_built(graph_manager: Any) -> None:
     """V2 sorts decodes before prefills: a fine-tuning prefill the scheduler listed first sits after the decodes,
     and its captured rows are exactly its tokens in the flattened batch."""
     from deltaserve_vllm.channel import StepPlan
 
-    runner, channel, state = _attached()
+    runner, channel, state = _attached(graph_manager)
     sink = channel.activation_sink = _Sink()
     ft_a, ft_b = f"{FT}4-11", f"{FT}4-12"
     counts = {ft_a: 5, "client-1": 1, ft_b: 3, "client-2": 1, "client-3": 2}
@@ -211,15 +219,15 @@ def test_v2_rows_follow_the_batch_the_runner_built() -> None:
 
 
 @needs_vllm
-def test_v2_step_with_finetune_rows_runs_without_graphs() -> None:
-    """The manager would replay a FULL decode graph for this shape; with a fine-tuning row it is asked the same and
-    gets vLLM's no-graph descriptor for the step's own counts (unpadded), keeping its LoRA case. Inference-only
-    steps keep the manager's choice."""
+def test_v2_step_with_finetune_rows_runs_without_graphs(graph_manager: Any) -> None:
+    """vLLM's manager would replay the FULL decode graph of 4 for this shape; with a fine-tuning row it is asked the
+    same and the runner gets the manager's no-graph descriptor for the step's own counts (unpadded), keeping its
+    LoRA case. Inference-only steps keep the manager's choice."""
     from vllm.config import CUDAGraphMode
 
     from deltaserve_vllm.channel import StepPlan
 
-    runner, channel, state = _attached()
+    runner, channel, state = _attached(graph_manager)
     channel.activation_sink = _Sink()
     runner.execute_model(_output({"client-1": 1, "client-2": 1}), None)
     runner.sample_tokens(None)
@@ -230,7 +238,7 @@ def test_v2_step_with_finetune_rows_runs_without_graphs() -> None:
     runner.sample_tokens(None)
     desc = runner.descs[-1]
     assert desc.cg_mode == CUDAGraphMode.NONE and desc.num_tokens == 3 and desc.num_reqs == 3
-    assert desc.uniform_token_count is None and desc.num_active_loras == 3
+    assert desc.uniform_token_count is None and desc.num_active_loras == 1
     assert state.step is None and channel.timings[id(out)].mode.value == "eager"
     # a step with fine-tuning rows but no plan (the worker could not find it) still runs without graphs
     bare = _output({"client-1": 1, f"{FT}6-1": 1})
@@ -240,12 +248,12 @@ def test_v2_step_with_finetune_rows_runs_without_graphs() -> None:
 
 
 @needs_vllm
-def test_v2_abort_stops_the_forward_and_returns_the_empty_output() -> None:
+def test_v2_abort_stops_the_forward_and_returns_the_empty_output(graph_manager: Any) -> None:
     from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
 
     from deltaserve_vllm.channel import StepPlan
 
-    runner, channel, state = _attached()
+    runner, channel, state = _attached(graph_manager)
     sink = channel.activation_sink = _Sink(abort=True)
     out = _output({f"{FT}7-1": 4})
     channel.plans[id(out)] = StepPlan(step_id=7, samples={f"{FT}7-1": _sample(1)}, ft_only=True)
@@ -271,17 +279,17 @@ def test_v2_abort_stops_the_forward_and_returns_the_empty_output() -> None:
 
 
 @needs_vllm
-def test_v2_dummy_runs_pass_through() -> None:
+def test_v2_dummy_runs_pass_through(graph_manager: Any) -> None:
     """V2's _dummy_run calls execute_model(dummy_run=True): no step, no timing, the graph decision untouched."""
-    runner, channel, state = _attached()
+    runner, channel, state = _attached(graph_manager)
     out = _output({"_dummy_req_0": 4})
     runner.execute_model(out, None, dummy_run=True)
     assert state.step is None and id(out) not in channel.timings
 
 
 @needs_vllm
-def test_v2_graph_sizes_are_read_from_the_manager() -> None:
-    runner, channel, state = _attached()
+def test_v2_graph_sizes_are_read_from_the_manager(graph_manager: Any) -> None:
+    runner, channel, state = _attached(graph_manager)
     sizes = state.view.graph_sizes([1, 2, 4, 8, 16])
     assert sizes == {"capture_sizes": [1, 2, 4, 8, 16], "decode_sizes": [1, 2, 4, 8],
                      "piecewise_sizes": [1, 2, 4, 8, 16]}
@@ -322,3 +330,21 @@ def test_v1_view_keeps_the_dispatcher_contract() -> None:
     result, mode = view.dispatch(dispatcher, True, num_tokens=4, invalid_modes={"x"})
     assert mode == str(CUDAGraphMode.NONE) and seen[-1] == {"num_tokens": 4, "valid_modes": {CUDAGraphMode.NONE}}
     assert view.rows(_output({"x": 2, f"{FT}1-2": 3}), {f"{FT}1-2": _sample(2)}) == [(2, 2, 3)]
+
+
+@needs_vllm
+@pytest.mark.parametrize("v2", [False, True])
+def test_injected_request_data_carries_what_the_runner_reads(v2: bool) -> None:
+    """V2's add_requests builds a request's state from NewRequestData.prefill_token_ids (and asserts it is set), as
+    vLLM's scheduler fills it when the V2 runner is in use; V1's request data stays as vLLM builds it."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from deltaserve_vllm.scheduler import DeltaServeSchedulerMixin
+
+    request = Request(request_id=f"{FT}3-9", prompt_token_ids=[5, 6, 7], sampling_params=SamplingParams(max_tokens=1),
+                      pooling_params=None, lora_request=None)
+    scheduler = SimpleNamespace(use_v2_model_runner=v2, model_uses_mrope=False)
+    data = DeltaServeSchedulerMixin._new_request_data(scheduler, request, ([1],))  # type: ignore[arg-type]
+    assert data.prompt_token_ids == [5, 6, 7] and data.num_computed_tokens == 0 and data.block_ids == ([1],)
+    assert data.prefill_token_ids == ([5, 6, 7] if v2 else None)
