@@ -7,6 +7,11 @@
 # "async" (the same with async_scheduling=true, the pair vLLM runs by default on CUDA) and "eager" (compile=false:
 # eager kernels, full CUDA graphs for decodes only). Prerequisite:
 # the vLLM wheel bundle installed (benchmarks/gpu/vllm_h200.sh's header). Run from the repository root; ~2 min a run.
+#
+# vLLM's V2 model runner: a run whose label starts with "v2" exports VLLM_USE_V2_MODEL_RUNNER=1 (every other run
+# exports 0, the host's default), e.g. RUNS="v2: v2async:async_scheduling=true v2eager:compile=false". The module's
+# test_the_worker_follows_the_model_runner_vllm_built checks the worker really ran V2 (docs/vllm-adapter.md,
+# "The V2 model runner").
 set -uo pipefail
 OUT=${OUT:-benchmarks/results/h200}
 RUNS=${RUNS:-"default: async:async_scheduling=true eager:compile=false"}
@@ -20,8 +25,9 @@ python3 -c "import torch, importlib.metadata as m; print('vllm', m.version('vllm
 for run in $RUNS; do
   label=${run%%:*}
   opts=${run#*:}
-  echo "[vllm_defaults] $label: options '${opts}'"
-  DELTASERVE_VLLM_DEVICE=cuda DELTASERVE_VLLM_DTYPE=bfloat16 DELTASERVE_VLLM_OPTIONS="$opts" \
+  case "$label" in v2*) v2=1 ;; *) v2=0 ;; esac
+  echo "[vllm_defaults] $label: options '${opts}', VLLM_USE_V2_MODEL_RUNNER=$v2"
+  VLLM_USE_V2_MODEL_RUNNER=$v2 DELTASERVE_VLLM_DEVICE=cuda DELTASERVE_VLLM_DTYPE=bfloat16 DELTASERVE_VLLM_OPTIONS="$opts" \
     DELTASERVE_STEP_LOG="$OUT/vllm_cuda_bf16_steps_$label.json" \
     timeout "$T_RUN" python3 -m pytest tests/test_vllm_host.py -v -s -p no:cacheprovider -rs 2>&1 \
     | grep -v "environ(" > "$OUT/test_vllm_host_$label.txt"

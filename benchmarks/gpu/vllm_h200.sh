@@ -7,7 +7,7 @@
 # carry .whl/p1..p4 in back-to-back calls, then `source .whl/p5/device-install.sh && bash benchmarks/gpu/vllm_h200.sh`).
 # Run from the repository root; OUT defaults to benchmarks/results/h200. ~4 min on a fresh machine.
 #
-# The host itself selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), the in-process engine, the
+# The host itself selects vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0 when unset), the in-process engine, the
 # synchronous scheduler (async scheduling is opt-in: option async_scheduling=true, AsyncDeltaServeScheduler) and
 # compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"} with enforce_eager=False on CUDA
 # (docs/vllm-adapter.md); nothing here sets them. (3) runs the async-specific tests with async on, (4) the

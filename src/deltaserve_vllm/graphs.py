@@ -1,17 +1,19 @@
 """Which steps vLLM replays as a CUDA graph: the prediction behind ``graph_mode`` (imports nothing of vLLM).
 
-vLLM's V1 model runner asks its ``CudagraphDispatcher`` per step. With torch.compile (the adapter's CUDA default,
-vLLM's ``FULL_AND_PIECEWISE``) a *uniform decode* (every scheduled request runs one token; no speculative decoding)
-whose batch size, padded up to the next ``cudagraph_capture_sizes`` entry, is a captured full graph replays that
-graph; any other batch whose token count pads to a captured piecewise size replays the piecewise graphs; the rest
-runs without graphs (runtime mode ``NONE``). Without compilation (``FULL_DECODE_ONLY``) only the first case exists.
-A batch carrying fine-tuning rows never replays a graph: the worker dispatches it with ``valid_modes={NONE}``
+vLLM's V1 model runner asks its ``CudagraphDispatcher`` per step; the V2 runner asks its ``CudaGraphManager``, with
+the same padding ladder and the same two kinds of graph (the worker reads either through its runner view,
+:mod:`.runner_view`). With torch.compile (the adapter's CUDA default, vLLM's ``FULL_AND_PIECEWISE``) a *uniform
+decode* (every scheduled request runs one token; no speculative decoding) whose batch size, padded up to the next
+``cudagraph_capture_sizes`` entry, is a captured full graph replays that graph; any other batch whose token count
+pads to a captured piecewise size replays the piecewise graphs; the rest runs without graphs (runtime mode
+``NONE``). Without compilation (``FULL_DECODE_ONLY``) only the first case exists.
+A batch carrying fine-tuning rows never replays a graph: the worker makes the runner's graph decision choose none
 (:mod:`.layer_tap` says why), so the prediction is about the inference batch the host proposes.
 
-The capture facts are read once from the worker's dispatcher after start-up (:class:`GraphSizes`), so the
-prediction follows the graphs vLLM actually holds, not a copy of its defaults. A size counts only if it was captured
-for every LoRA case vLLM keys graphs by (with and without active LoRAs, each active-LoRA count): the prediction
-cannot see which adapters a batch uses.
+The capture facts are read once from the worker's dispatcher (V2: graph manager) after start-up
+(:class:`GraphSizes`), so the prediction follows the graphs vLLM actually holds, not a copy of its defaults. A size
+counts only if it was captured for every LoRA case vLLM keys graphs by (with and without active LoRAs, each
+active-LoRA count): the prediction cannot see which adapters a batch uses.
 
 Async scheduling changes none of this: the runner picks the graph from the step's own per-request token counts and
 its active LoRAs (vLLM 0.26, ``GPUModelRunner._determine_batch_execution_and_padding``), and under async a request

@@ -27,8 +27,10 @@
   steps with fine-tuning rows never replay a graph), ``cudagraph_capture_sizes`` (comma-separated batch sizes;
   default vLLM's), ``enforce_eager`` (default false).
 
-On CUDA the host also sets ``VLLM_USE_V2_MODEL_RUNNER=0`` (the worker extension needs the V1 runner's
-``input_batch``; the V2 runner is the GPU default).
+On CUDA the host runs vLLM's V1 model runner unless told otherwise: it sets ``VLLM_USE_V2_MODEL_RUNNER=0`` when the
+variable is unset (vLLM would pick the V2 runner for some architectures in 0.26, and wherever it can from 0.32 on).
+An explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` runs the V2 runner, which the worker extension follows as well
+(:mod:`.runner_view`); it stays opt-in until the GPU suite has run on it (docs/vllm-adapter.md, "The V2 model runner").
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, DeltaServe's one-process executor :class:`~deltaserve_vllm.executor.TapExecutor`)
 so the scheduler subclass and the worker extension meet the hooks installed here (see :mod:`.channel`).
@@ -106,11 +108,8 @@ class VllmHost(ChannelHooks):
             # enable_lora fails in its first LoRA forward (seen on the H200). Refuse at start-up instead.
             raise ValueError("deltaserve_vllm on CUDA needs dtype bfloat16 or float16: vLLM's CUDA LoRA kernels do "
                              "not take float32 LoRA weights (the reserved fine-tuning adapter is a LoRA)")
-        if cuda:
-            # The GPU default is vLLM's V2 model runner, which has no input_batch; the worker extension needs V1.
-            if _flag(os.environ.get("VLLM_USE_V2_MODEL_RUNNER"), False):
-                raise RuntimeError("deltaserve_vllm needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER "
-                                   "or set it to 0")
+        if cuda and not os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip():
+            # V1 unless the operator chose: both runners are followed (runner_view), V2 is opt-in (module docstring)
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         self._async = _async_scheduling(opts.get("async_scheduling"), cuda)
         self._cpu_batch_queue = _flag(opts.get("cpu_batch_queue"), False)

@@ -19,20 +19,34 @@ PATCHES: tuple[PatchRecord, ...] = (
         how="method wrapped once per process by deltaserve_vllm.plugin.register() (original kept as __wrapped__); "
             "acts only when additional_config has the 'deltaserve' key",
         why="one switch instead of five flags: sets scheduler_cls, worker_extension_cls, the executor, enable_lora, "
-            "max_loras + 1 and the CUDA V1 runner, pairs the scheduler with async_scheduling, raises "
+            "max_loras + 1 and the CUDA V1 runner unless VLLM_USE_V2_MODEL_RUNNER is set, pairs the scheduler with "
+            "async_scheduling, raises "
             "shutdown_timeout to the final checkpoint's grace, and refuses bad settings before the engine starts",
         upstream="not proposed yet: a plugin hook that may adjust EngineArgs (or a plugin default for scheduler_cls)",
         remove_when="vLLM lets a general plugin adjust engine arguments before the config is built",
         breaks_if="vLLM renames the method or builds the config elsewhere", applies="engine"),
     PatchRecord(
-        target="model_runner.execute_model/sample_tokens (GPUModelRunner; CPUModelRunner on CPU)",
-        how="instance wrap on the worker's model runner by the worker extension (deltaserve_attach)",
-        why="device-complete step timing, begin_step/end_step, the abort of a fine-tuning-only step, and the "
-            "mapping of rows to fine-tuning samples (input_batch.req_ids)",
+        target="model_runner.execute_model/sample_tokens (V1 GPUModelRunner, CPUModelRunner on CPU, V2 "
+               "vllm.v1.worker.gpu.model_runner.GPUModelRunner)",
+        how="instance wrap on the worker's model runner by the worker extension (deltaserve_attach, through "
+            "runner_view.RunnerView.install)",
+        why="device-complete step timing, begin_step/end_step, the abort of a fine-tuning-only step (V2: the "
+            "batch-queue loop's sample_tokens after an abort is answered with the empty output), and the mapping of "
+            "rows to fine-tuning samples (V1: input_batch.req_ids)",
         upstream=_STEP_HOOK, remove_when="vLLM offers per-step execute callbacks to worker extensions",
-        breaks_if="the V2 model runner (no input_batch) or a renamed execute_model/sample_tokens", applies="engine"),
+        breaks_if="a renamed execute_model/sample_tokens, or V1's input_batch / V2's dummy_run keyword changing",
+        applies="engine"),
     PatchRecord(
-        target="model_runner.cudagraph_dispatcher.dispatch (CUDA)",
+        target="model_runner.prepare_inputs (V2 model runner, CUDA)",
+        how="instance wrap by the worker extension (runner_view.V2RunnerView.install): the InputBatch it returns is "
+            "kept for the step being run",
+        why="the V2 runner has no persistent input batch and sorts each step's requests itself (decodes first); "
+            "its InputBatch (req_ids, query_start_loc_np, num_scheduled_tokens) is where the fine-tuning rows sit "
+            "in the token batch the layers see",
+        upstream=_STEP_HOOK, remove_when="vLLM offers per-step execute callbacks that carry the step's layout",
+        breaks_if="V2 stops building the step's batch in prepare_inputs or renames those fields", applies="engine"),
+    PatchRecord(
+        target="model_runner.cudagraph_dispatcher.dispatch (V1 runner, CUDA)",
         how="instance wrap on the runner's dispatcher by the worker extension (deltaserve_attach): a step carrying "
             "fine-tuning rows is dispatched with valid_modes={CUDAGraphMode.NONE}",
         why="a CUDA graph (full or piecewise) replays without running the capture points (deltaserve_vllm."
@@ -41,6 +55,17 @@ PATCHES: tuple[PatchRecord, ...] = (
         upstream="not proposed yet: a per-step 'run eagerly' request for worker extensions",
         remove_when="vLLM lets an extension force a step's CUDA-graph mode",
         breaks_if="the dispatcher loses valid_modes or the runner stops asking it per step", applies="engine"),
+    PatchRecord(
+        target="model_runner.cudagraph_manager.dispatch (V2 runner, CUDA)",
+        how="instance wrap on the runner's cudagraph manager by the worker extension (runner_view.V2RunnerView): "
+            "for a step carrying fine-tuning rows the descriptor it returns is replaced by its own no-graph one "
+            "(cg_mode NONE, the step's unpadded token and request counts, the same LoRA case)",
+        why="as for V1's dispatcher: a graph replay would skip the capture points; V2's dispatch has no valid_modes, "
+            "so the no-match answer is given instead",
+        upstream="not proposed yet: a per-step 'run eagerly' request for worker extensions",
+        remove_when="vLLM lets an extension force a step's CUDA-graph mode",
+        breaks_if="BatchExecutionDescriptor's fields or dispatch's (num_reqs, num_tokens, ...) signature change, or "
+                  "the runner decides the graph elsewhere", applies="engine"),
     PatchRecord(
         target="vllm.lora.ops.torch_ops.lora_ops.bgmv_shrink/bgmv_expand/bgmv_expand_slice",
         how="module functions rebound in that module, vllm.lora.ops.torch_ops and punica_cpu by "

@@ -15,8 +15,9 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
 - ``enable_lora`` on and one more LoRA slot (``max_loras``) for the reserved fine-tuning adapter;
 - the synchronous scheduler unless ``--async-scheduling`` is given (async is opt-in for now, see
   :mod:`deltaserve_vllm.host`), with the DeltaServe scheduler class matching the engine loop vLLM settles on,
-  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``), as
-  :class:`~deltaserve_vllm.host.VllmHost` does (torch.compile and CUDA graphs are left as the operator set them);
+  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) unless the operator set
+  ``VLLM_USE_V2_MODEL_RUNNER`` (``1`` runs the V2 runner, opt-in), as :class:`~deltaserve_vllm.host.VllmHost`
+  does (torch.compile and CUDA graphs are left as the operator set them);
 - in the API server process, :mod:`.guard`: clients request each published adapter version by name
   (``<adapter>@v<step>``) with vLLM's runtime LoRA loading left exactly as the operator set it, and, where the
   operator turned it on, no client load or unload can touch DeltaServe's names, folders or versions;
@@ -161,9 +162,9 @@ def configure_engine_args(args: Any) -> bool:
     if job is not None:
         check_job(job, args.model)  # target modules against a local model folder, resume against the checkpoint
     if not current_platform.is_cpu():
-        if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
-            raise ValueError("DeltaServe needs vLLM's V1 model runner: unset VLLM_USE_V2_MODEL_RUNNER or set it to 0")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        if not os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip():
+            # V1 unless the operator chose: the worker extension follows both runners (runner_view), V2 is opt-in
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         # torch.compile and CUDA graphs stay as the operator set them: DeltaServe's executor installs the capture
         # points before vLLM traces the model, and steps with fine-tuning rows run without graphs (.layer_tap).
     grace = settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)

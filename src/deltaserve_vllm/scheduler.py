@@ -106,8 +106,8 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         self._ds_block_hasher = self._make_block_hasher(kwargs.get("hash_block_size") or self.hash_block_size)
         # Injected rows not yet retired (vLLM request id -> request): outside running/waiting, see the docstring.
         self._ds_in_flight: dict[str, Request] = {}
-        if self.use_v2_model_runner:
-            raise RuntimeError("deltaserve_vllm supports vLLM's V1 model runner only (set VLLM_USE_V2_MODEL_RUNNER=0)")
+        # Both vLLM model runners are followed by the worker extension (runner_view). For the V2 runner an injected
+        # request carries its token ids as ``prefill_token_ids`` (_new_request_data), as vLLM's own requests do.
         if self.connector is not None or self.num_spec_tokens:
             raise RuntimeError("deltaserve_vllm does not support KV connectors or speculative decoding yet")
         if self.lora_config is None:
@@ -301,7 +301,9 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
             request.num_computed_tokens = s.num_tokens
             request.num_in_flight_tokens += s.num_tokens
             request.is_prefill_chunk = False
-            self.prev_step_scheduled_req_ids.add(rid)
+            if not self.use_v2_model_runner:
+                # V1 only: vLLM keeps this set for the V1 runner (and leaves it alone under V2, never clearing it)
+                self.prev_step_scheduled_req_ids.add(rid)
             placed[rid] = s
         if self.needs_kv_cache_zeroing:
             fresh = self.kv_cache_manager.take_new_block_ids()
@@ -310,10 +312,15 @@ class DeltaServeSchedulerMixin(_SchedulerBase):
         return placed, ()
 
     def _new_request_data(self, request: Request, block_ids: Any) -> NewRequestData:
+        kwargs: dict[str, Any] = {}
+        if self.use_v2_model_runner:
+            # The V2 runner builds its request state from prefill_token_ids (its add_requests asserts it is set);
+            # vLLM's scheduler passes every new request's token ids there when the V2 runner is in use.
+            kwargs["prefill_token_ids"] = list(request.all_token_ids)
         # vLLM 0.32 added ``uses_mrope`` to from_request; 0.26 (CUDA) has no such parameter.
         if _FROM_REQUEST_TAKES_MROPE:
-            return NewRequestData.from_request(request, block_ids, uses_mrope=self.model_uses_mrope)
-        return NewRequestData.from_request(request, block_ids)
+            kwargs["uses_mrope"] = self.model_uses_mrope
+        return NewRequestData.from_request(request, block_ids, **kwargs)
 
     # ------------------------------------------------------------------------------------ reporting
 

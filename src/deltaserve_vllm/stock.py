@@ -84,7 +84,7 @@ def _child_env(variant: str, cuda: bool, profile_dir: str | None = None) -> dict
     for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER"):
         env.pop(key, None)
     if variant == "stock_ds_config" and cuda:
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # what the host sets (its worker extension needs the V1 runner)
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # what the host sets when the operator did not choose a runner
     if variant in SERVED_VARIANTS:
         env["VLLM_PLUGINS"] = "deltaserve"  # only DeltaServe's engine plugin, as `vllm serve` would load it
         if profile_dir:

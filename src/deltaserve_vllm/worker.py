@@ -7,16 +7,22 @@ vLLM mixes this class into its worker class (as an extra base) and exposes its m
   forward, so they survive torch.compile) to this worker: vLLM's decoder layer takes
   ``(positions, hidden_states, residual)`` and its fused RMSNorm updates both in place, so the true
   residual-stream input ``hidden_states + residual`` (``residual`` is ``None`` at layer 0) must be read before
-  the layer runs. Only fine-tuning rows are sliced out (rows located through the model runner's
-  ``input_batch.req_ids`` order and the step's per-request token counts);
-- makes every step that carries fine-tuning rows run without CUDA graphs (the runner's ``cudagraph_dispatcher``
-  is asked with ``valid_modes={NONE}``): a graph replay would skip the capture points; inference-only steps keep
-  vLLM's full and piecewise graphs;
+  the layer runs. Only fine-tuning rows are sliced out, located where the model runner put them this step;
+- makes every step that carries fine-tuning rows run without CUDA graphs (the runner's graph decision is made to
+  choose none): a graph replay would skip the capture points; inference-only steps keep vLLM's full and piecewise
+  graphs;
 - polls ``ActivationSink.should_abort`` at every layer boundary of a fine-tuning-only step and stops the
   forward with a private exception, caught around ``execute_model``, which then returns an empty output;
 - wraps the model runner's ``execute_model`` and ``sample_tokens`` on the instance (no class is edited) to
   time the step from the start of the forward to the sampled tokens, and reads the step's CUDA-graph mode
   from vLLM's forward context at layer 0 (a step whose layer hooks never fired was a graph replay).
+
+What differs between vLLM's two GPU model runners -- where a request's rows sit (V1: the persistent
+``input_batch``; V2: the ``InputBatch`` its ``prepare_inputs`` built for this step, in its own sorted order), how the
+CUDA-graph decision is made and steered (V1: ``cudagraph_dispatcher`` with ``valid_modes``; V2:
+``cudagraph_manager`` returning a batch descriptor), which graphs were captured, and how async scheduling is read --
+lives in a :class:`~.runner_view.RunnerView` chosen from the runner's type (:func:`~.runner_view.view_for`); this
+module holds what both share.
 
 Two steps in flight (async scheduling): plans and timings are keyed by ``id(SchedulerOutput)``, and the engine
 keeps each step's SchedulerOutput alive in its batch queue until it processes that step's output, so two steps in
@@ -30,7 +36,6 @@ output (:class:`DeferredStepTiming`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +47,7 @@ from deltaserve_core.types import ExecutionMode
 
 from . import cpu_lora_fix, layer_tap
 from .channel import FINETUNE_REQUEST_PREFIX, Channel, StepPlan, StepTiming, get_channel
+from .runner_view import RunnerView, every_lora_case, view_for
 from .weights import WeightMapping, map_hf_weights
 
 __all__ = ["DeferredStepTiming", "DeltaServeWorkerExtension"]
@@ -107,29 +113,24 @@ class _Step:
 
 
 class _WorkerState:
-    def __init__(self, channel: Channel, runner: Any, num_layers: int) -> None:
+    def __init__(self, channel: Channel, runner: Any, num_layers: int, view: RunnerView | None = None) -> None:
         self.channel = channel
         self.runner = runner
+        self.view = view if view is not None else view_for(runner)
         self.num_layers = num_layers
         self.step: _Step | None = None
-        overlapped = bool(getattr(runner, "use_async_scheduling", False))
-        self.clock = _DeviceClock() if overlapped and _cuda_ready() else None
+        self.clock = _DeviceClock() if self.view.async_scheduling and _cuda_ready() else None
+        # The last engine step's forward was aborted: vLLM's batch-queue loop (async scheduling) still calls
+        # sample_tokens for it, which the view answers (RunnerView.sample_after_abort)
+        self.after_abort = False
 
     # -- rows -----------------------------------------------------------------------------------------
 
     def _rows(self, step: _Step) -> list[tuple[int, int, int]]:
-        # The runner lays rows out request by request in input_batch order (after any reordering it did in
-        # _update_states), each request contributing its scheduled token count.
+        # Where the runner put each fine-tuning request's tokens this step (the view knows the runner's layout).
         if step.rows is None:
-            counts = step.scheduler_output.num_scheduled_tokens
             samples = step.plan.samples if step.plan is not None else {}
-            rows, offset = [], 0
-            for rid in self.runner.input_batch.req_ids:
-                n = counts.get(rid, 0)
-                if rid in samples:
-                    rows.append((samples[rid].sample_id, offset, n))
-                offset += n
-            step.rows = rows
+            step.rows = self.view.rows(step.scheduler_output, samples)
         return step.rows
 
     # -- hooks ----------------------------------------------------------------------------------------
@@ -161,21 +162,21 @@ class _WorkerState:
         # A CUDA graph replays without running the tap: a step with fine-tuning rows runs without one, so every
         # capture and every abort poll happens (its rows are priced with eager coefficients for this reason).
         step = self.step
-        if step is not None and step.has_ft_rows:
-            from vllm.config import CUDAGraphMode
-
-            kwargs["valid_modes"] = {CUDAGraphMode.NONE}
-            kwargs.pop("invalid_modes", None)
-        result = original(*args, **kwargs)
-        if step is not None and step.has_ft_rows:
-            step.dispatched.append(str(result[0]))
+        no_graphs = step is not None and step.has_ft_rows
+        result, mode = self.view.dispatch(original, no_graphs, *args, **kwargs)
+        if no_graphs:
+            step.dispatched.append(mode)  # type: ignore[union-attr]
         return result
 
     # -- execute / sample -----------------------------------------------------------------------------
 
     def execute(self, original: Callable[..., Any], scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.view.engine_step(args, kwargs):
+            return original(scheduler_output, *args, **kwargs)
+        self.after_abort = False
         if scheduler_output.total_num_scheduled_tokens == 0:
             return original(scheduler_output, *args, **kwargs)
+        self.view.begin_step()
         key = id(scheduler_output)
         plan = self.channel.plans.get(key)
         step = self.step = _Step(key, plan, scheduler_output)
@@ -195,9 +196,8 @@ class _WorkerState:
         try:
             result = original(scheduler_output, *args, **kwargs)
         except _AbortForward:
-            from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
-
-            result = EMPTY_MODEL_RUNNER_OUTPUT
+            result = self.view.aborted_output()
+            self.after_abort = True
         if sink is not None:
             ids = [s.sample_id for s in plan.samples.values()]  # type: ignore[union-attr]
             sink.end_step(plan.step_id, [] if step.aborted else ids, ids if step.aborted else [])  # type: ignore[union-attr]
@@ -206,6 +206,9 @@ class _WorkerState:
         return result
 
     def sample(self, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.after_abort:  # the batch-queue loop samples every step, the aborted one too (already finished)
+            self.after_abort = False
+            return self.view.sample_after_abort(original, *args, **kwargs)
         result = original(*args, **kwargs)
         if self.step is not None:
             self._finish(self.step)
@@ -240,15 +243,8 @@ def _forward_mode() -> ExecutionMode:
     return ExecutionMode.EAGER if mode == CUDAGraphMode.NONE else ExecutionMode.GRAPH
 
 
-def _every_lora_case(keys: list[Any]) -> list[int]:
-    """Token counts captured for every LoRA case the keys distinguish (has_lora, num_active_loras)."""
-    by_case: dict[tuple[bool, int], set[int]] = {}
-    for k in keys:
-        by_case.setdefault((bool(getattr(k, "has_lora", False)), int(getattr(k, "num_active_loras", 0) or 0)),
-                           set()).add(int(k.num_tokens))
-    if not by_case or not any(has_lora for has_lora, _ in by_case):
-        return []  # captured without LoRA only: a batch with an active adapter would not replay them
-    return sorted(set.intersection(*by_case.values()))
+#: kept under its old name for callers and tests
+_every_lora_case = every_lora_case
 
 
 def _compiled(worker: Any) -> bool:
@@ -289,18 +285,22 @@ class DeltaServeWorkerExtension:
                                    "run the engine on DeltaServe's executor (deltaserve_vllm.executor), which "
                                    "installs them before the first forward")
             tap = self.deltaserve_install_taps()
-        state = _WorkerState(channel, runner, tap.num_layers)
+        view = view_for(runner)
+        view.check_supported()
+        state = _WorkerState(channel, runner, tap.num_layers, view)
         tap.connect(state.on_layer)
-        # Instance attributes shadow the runner's methods for this runner only; vLLM's worker calls
-        # self.model_runner.execute_model / sample_tokens, so every step goes through these.
-        runner.execute_model = functools.partial(state.execute, runner.execute_model)
-        runner.sample_tokens = functools.partial(state.sample, runner.sample_tokens)
-        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
-        if dispatcher is not None:
-            dispatcher.dispatch = functools.partial(state.dispatch, dispatcher.dispatch)
+        # execute_model, sample_tokens and the runner's graph decision go through the worker (RunnerView.install)
+        view.install(state.execute, state.sample, state.dispatch)
+        logger.info("DeltaServe attached to vLLM's %s model runner (%s)", view.name, type(runner).__name__)
         self._deltaserve_state = state
         channel.worker_attached = True
         return tap.num_layers
+
+    def deltaserve_runner_kind(self) -> str:
+        """Which of vLLM's model runners this worker runs, as the worker extension sees it: ``"V1"`` (vLLM's V1
+        GPU runner, or the CPU runner derived from it) or ``"V2"`` (:mod:`.runner_view`)."""
+        state = getattr(self, "_deltaserve_state", None)
+        return (state.view if state is not None else view_for(self.model_runner)).name  # type: ignore[attr-defined]
 
     def deltaserve_install_taps(self) -> layer_tap.Tap:
         """Put a capture point at every decoder layer's input (idempotent). Called by DeltaServe's executor right
@@ -320,25 +320,16 @@ class DeltaServeWorkerExtension:
 
     def deltaserve_graph_sizes(self) -> dict[str, list[int]]:
         """The CUDA graphs this runner captured: all capture sizes, the uniform-decode FULL graph sizes and the
-        PIECEWISE graph sizes.
+        mixed-batch (PIECEWISE) graph sizes, each counted only if captured for every LoRA case.
 
-        Read from the runner's ``cudagraph_dispatcher`` (the keys it replays from). Empty when the runner has no
-        dispatcher (CPU) or captured nothing (``enforce_eager``, ``cudagraph_mode`` NONE).
+        Read from the runner's own graph decision (V1: the ``cudagraph_dispatcher``'s keys; V2: the
+        ``cudagraph_manager``, asked per size and LoRA case). Empty when the runner has none (CPU) or captured
+        nothing (``enforce_eager``, ``cudagraph_mode`` NONE).
         """
-        none = {"capture_sizes": [], "decode_sizes": [], "piecewise_sizes": []}
-        runner = self.model_runner  # type: ignore[attr-defined]
-        dispatcher = getattr(runner, "cudagraph_dispatcher", None)
-        if dispatcher is None or not getattr(dispatcher, "keys_initialized", False):
-            return none
-        from vllm.config import CUDAGraphMode
-
-        if dispatcher.cudagraph_mode == CUDAGraphMode.NONE:
-            return none
-        full = [k for k in dispatcher.cudagraph_keys.get(CUDAGraphMode.FULL, set()) if getattr(k, "uniform", False)]
-        piecewise = list(dispatcher.cudagraph_keys.get(CUDAGraphMode.PIECEWISE, set()))
-        sizes = sorted(int(x) for x in (runner.compilation_config.cudagraph_capture_sizes or []))
-        return {"capture_sizes": sizes, "decode_sizes": _every_lora_case(full),
-                "piecewise_sizes": _every_lora_case(piecewise)}
+        state = getattr(self, "_deltaserve_state", None)
+        view = state.view if state is not None else view_for(self.model_runner)  # type: ignore[attr-defined]
+        config = self.vllm_config.compilation_config  # type: ignore[attr-defined]
+        return view.graph_sizes(config.cudagraph_capture_sizes or [])
 
     def deltaserve_job_call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """One jobs-API call (:meth:`deltaserve_core.runtime.EngineRuntime.job_call`, ``create`` included) against
