@@ -215,7 +215,9 @@ def check_retract_adapter__requests_in_flight_finish_on_their_version(env: Confo
     """The core retracts the oldest version right after a publish, while its clients may still be decoding: requests
     submitted on a version before ``retract_adapter`` (two running, one still queued) finish on its weights, every
     token, never failed, cut short or moved to another adapter. A host that frees the version's weights at once fails
-    their next step; one that maps a missing adapter to none serves the rest of them on the base model."""
+    their next step; one that maps a missing adapter to none serves the rest of them on the base model. Then a second
+    version is retracted while its requests are all still queued behind base-model requests holding every running
+    slot: they too finish on its weights (a host that frees a version once no *running* request names it does not)."""
     source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-retract-running", version=51)
     state = _scaled(source, 1.3)
     name = env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
@@ -240,3 +242,36 @@ def check_retract_adapter__requests_in_flight_finish_on_their_version(env: Confo
                     f"a later step raised {exc!r}; expected them to finish on its weights") from None
     _fail_on(env, "retract_adapter", f"{name!r} was retracted with two requests on it running and one queued: "
              "expected each to finish on its weights; ", _greedy_problems(env, outputs, requests, lambda r: state))
+    _queued_requests_finish_on_a_retracted_version(env, source)
+
+
+def _queued_requests_finish_on_a_retracted_version(env: ConformanceEnv, source: LoraAdapterState) -> None:
+    """Requests on a version still *queued* when it is retracted, none of them running: every running-request slot
+    is held by base-model requests that outlive several steps, so the version's requests wait behind them (any load
+    where requests wait). They finish on its weights too: a host that frees a retracted version once no *running*
+    request names it (a LoRA manager that pins only the scheduled requests' adapters) runs them on the base model
+    (blind batch 2026-12-07, h09)."""
+    state = _scaled(source, 1.8, version=52)
+    name = env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
+    cap = env.config.max_running_requests if env.config is not None else 32
+    holders = [ClientRequest(r.request_id, r.prompt_ids, 8, adapter=None)
+               for r in make_prompts(env, cap, seed=69, adapter_every=0, prefix="retract-slot-holder")]
+    queued = [ClientRequest(r.request_id, r.prompt_ids, 4, adapter=name)
+              for r in make_prompts(env, 3, seed=70, adapter_every=0, prefix="retract-queued")]
+    for r in holders + queued:
+        env.host.submit(r)  # type: ignore[attr-defined]
+    env.host.retract_adapter(name)  # type: ignore[attr-defined]
+    setting = (f"{name!r} was retracted with {len(queued)} requests on it queued behind {cap} base-model requests "
+               f"holding every running slot (max_running_requests={cap}), none of its own running")
+    try:
+        outputs = env.run_stepwise([])
+    except Exception as exc:  # noqa: BLE001 - the step itself failing is what this check is about
+        try:
+            env.host.publish_adapter(handed_copy(state))  # type: ignore[attr-defined]
+            env.run_stepwise([])
+        except Exception:  # noqa: BLE001 - the failure to report is the one above
+            pass
+        raise _fail(env, "retract_adapter", f"{setting}: a later step raised {exc!r}; expected them to finish on its "
+                    "weights") from None
+    _fail_on(env, "retract_adapter", f"{setting}: expected each to finish on its weights; ",
+             _greedy_problems(env, outputs, queued, lambda r: state))

@@ -148,6 +148,7 @@ RULES: tuple[Rule, ...] = (
          ("capture_activation__mixed_step_rows_complete_whatever_should_abort_says",)),
     Rule("HostHooks.intercept_schedule", "never carried to a later step",
          ("intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
+          "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused",
           "generated__scenarios_keep_every_invariant")),
     Rule("HostHooks.intercept_schedule", "replaces the installed interceptor, which is never called again",
          ("capture_activation__a_second_install_replaces_the_first", "intercept_schedule__none_removes_every_hook")),
@@ -252,7 +253,8 @@ RULES: tuple[Rule, ...] = (
           "publish_adapter__republished_name_serves_the_new_weights",
           "publish_adapter__older_version_keeps_its_weights_after_a_newer_publish",
           "publish_adapter__serves_a_copy_of_the_state",
-          "publish_adapter__every_version_in_one_step_serves_its_weights")),
+          "publish_adapter__every_version_in_one_step_serves_its_weights",
+          "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights")),
     Rule("HostHooks.publish_adapter", "Requests in flight when it is called keep the adapter",
          ("publish_adapter__requests_in_flight_keep_their_adapter",)),
     # --- audit 2026-12-05 (checks_lifecycle.py, checks_audit.py)
@@ -302,6 +304,7 @@ SHAPE_RERUNS: tuple[str, ...] = (
     "publish_adapter__serves_published_weights",
     "lends_base_weights__views_of_the_checkpoint",
     "capture_activation__abort_stops_finetune_only_step",
+    "model_spec__matches_the_checkpoint",
 )
 
 RULES = tuple(Rule(r.where, r.phrase, r.checks + tuple(f"deep_model__{c}" for c in r.checks if c in SHAPE_RERUNS),

@@ -2283,6 +2283,101 @@ class OneDigitLayerIndexHost(ReferenceHost):
         return _Lora(state.config.scaling, pairs)
 
 
+
+# ---------------------------------------------------------------------------------------------- blind batch 2026-12-07
+# The five hosts the suite missed blind, adapted from conformance/blind_batches/2026-12-07/blindhosts (same bug, the
+# reference's code reused where the blind host copied it line for line).
+
+
+class RankOfFirstAdapterHost(ReferenceHost):
+    """The batched LoRA kernel of a step runs at the rank of the step's first adapter (segment 0): adapters of a
+    higher rank later in the step lose their trailing rank components (blind batch 2026-12-07, h05)."""
+
+    name = "broken-rank-of-first-adapter"
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = module(x)
+        kernel_rank = None
+        for adapter, index in groups.items():
+            lora = self._adapters.get(adapter) or self._withdrawn[adapter]
+            pair = lora.pairs.get((layer, name))
+            if pair is None:
+                continue
+            a, b = pair
+            if kernel_rank is None:  # the kernel's rank is the first adapter's
+                kernel_rank = a.shape[0]
+            a, b = a[:kernel_rank], b[:, :kernel_rank]
+            out.index_add_(0, index, (x.index_select(0, index) @ a.T @ b.T) * lora.scaling)
+        return out
+
+
+class RetractReleasesQueuedHost(ReferenceHost):
+    """A retracted version's weights are freed once no *running* request names it (a LoRA manager that pins the
+    scheduled requests' adapters only); requests on it still queued then run without LoRA, as an adapter id no slot
+    holds does in the engines' punica mapping (blind batch 2026-12-07, h09)."""
+
+    name = "broken-retract-releases-queued"
+
+    def _forget_withdrawn(self) -> None:
+        self._withdrawn.release([s.request for s in self._running])  # queued requests do not pin a version
+
+    def _linear(self, x: torch.Tensor, module: torch.nn.Module, layer: int, name: str,
+                groups: dict[str, torch.Tensor]) -> torch.Tensor:
+        def held(adapter: str) -> bool:
+            try:
+                return bool(self._adapters.get(adapter) or self._withdrawn[adapter])
+            except KeyError:
+                return False
+
+        return super()._linear(x, module, layer, name, {a: i for a, i in groups.items() if held(a)})
+
+
+class WaitingOmitsBudgetBlockedHost(ReferenceHost):
+    """The scheduler pops the head of the queue to test it against the step's remaining token budget and puts a
+    request that does not fit back only after ``waiting`` was taken for the batch: the head-of-line request the budget
+    blocked is in neither scheduled nor waiting (blind batch 2026-12-07, h11)."""
+
+    name = "broken-waiting-omits-budget-blocked"
+
+    def _schedule(self):  # noqa: ANN202
+        prefills, decodes, left = super()._schedule()
+        budget = self.config.max_batch_tokens - len(decodes) - sum(len(s.request.prompt_ids) for s in prefills)
+        if (left and len(left[0].request.prompt_ids) > budget
+                and len(self._running) + len(prefills) < self.config.max_running_requests):
+            left = left[1:]  # the blocked head was out of the queue when waiting was listed
+        return prefills, decodes, left
+
+
+class VocabFromTokenizerHost(ReferenceHost):
+    """ModelSpec.vocab_size is the tokenizer's size (what the serving front-end knows), not the checkpoint config's:
+    equal on the suite's checkpoint, smaller on one whose embedding is rounded up past the tokenizer (Qwen2/2.5, the
+    deep checkpoint: 70000 rows) (blind batch 2026-12-07, h14)."""
+
+    name = "broken-vocab-from-tokenizer"
+
+    def model_spec(self):  # noqa: ANN201
+        from transformers import AutoTokenizer
+
+        spec = super().model_spec()
+        return dataclasses.replace(spec, vocab_size=len(AutoTokenizer.from_pretrained(self.config.model)))
+
+
+class SamplesKeyedByTokensHost(_WrapsInterceptor):
+    """Fine-tuning rows are registered as engine requests keyed by their token ids (meant to make re-admission
+    idempotent): of two samples with the same input_ids in one step the later replaces the earlier, which is neither
+    run nor reported (blind batch 2026-12-07, h15)."""
+
+    name = "broken-samples-keyed-by-tokens"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        class ByTokens(_Interceptor):
+            def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+                return list({s.input_ids: s for s in self.inner.on_schedule(batch)}.values())
+
+        return ByTokens(interceptor)
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -2293,7 +2388,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                             # a row injected into a decode-only step runs a step later, not in it
                             "capabilities__declared_mixed_batches_run_rows_in_decode_steps",
                             # the client step after an abort: its rows run in the step after it
-                            "capture_activation__abort_does_not_outlive_its_step"),
+                            "capture_activation__abort_does_not_outlive_its_step",
+                            # the equal-tokens samples run a step late too
+                            "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused"),
     LeakyHost: ("intercept_schedule__no_finetune_row_reaches_client",  # the profile step's rows leak as well
                 "run_profile_step__synthetic_rows_never_reach_a_client"),
     # every check that holds client outputs next to fine-tuning rows to transformers' greedy tokens sees the drift
@@ -2308,7 +2405,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                        "set_finetune_adapter__later_rows_use_the_new_weights",
                        "set_finetune_adapter__every_target_module_applies_or_is_refused",
                        "set_finetune_adapter__keeps_its_own_copy",
-                       "set_finetune_adapter__lora_dropout_never_reaches_the_forward"),
+                       "set_finetune_adapter__lora_dropout_never_reaches_the_forward",
+                       "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused"),
     CapturesInferenceRowsHost: "capture_activation__only_finetune_rows_in_layer_order",
     # never polling is both: the step is not stopped, and nothing stops its compute
     IgnoresAbortHost: ("capture_activation__abort_stops_finetune_only_step", "capture_activation__abort_stops_compute"),
@@ -2319,6 +2417,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # every check that serves a published version sees the stale weights (after a retraction too)
     StalePublishHost: ("publish_adapter__serves_published_weights", "publish_adapter__new_version_never_served_stale_kv",
                        "publish_adapter__every_version_in_one_step_serves_its_weights",
+                       "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights",
                        "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                        "publish_adapter__republished_name_serves_the_new_weights",
                        "publish_adapter__requests_in_flight_keep_their_adapter",
@@ -2365,6 +2464,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                    "set_finetune_adapter__over_max_lora_rank_applies_or_is_refused"),
     PublishScalingHost: ("publish_adapter__serves_published_weights",
                          "publish_adapter__every_version_in_one_step_serves_its_weights",
+                         "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights",
                          "publish_adapter__new_version_never_served_stale_kv",
                          "publish_adapter__version_keeps_its_weights_when_training_moves_on",
                          "publish_adapter__republished_name_serves_the_new_weights",
@@ -2376,6 +2476,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                          "retract_adapter__requests_in_flight_finish_on_their_version"),
     SharedScalingHost: ("intercept_schedule__client_outputs_match_independent_model",
                         "publish_adapter__every_version_in_one_step_serves_its_weights",
+                        "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights",
                         "publish_adapter__serves_published_weights",
                         "publish_adapter__new_version_never_served_stale_kv",
                         "publish_adapter__version_keeps_its_weights_when_training_moves_on",
@@ -2398,7 +2499,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     WindowedFinetuneAttentionHost: ("generated__scenarios_keep_every_invariant",
                                     "intercept_schedule__finetune_rows_read_no_prefix_cache"),
     ThirdRowLeakHost: "generated__scenarios_keep_every_invariant",
-    MisorderedSampleIdsHost: "generated__scenarios_keep_every_invariant",
+    # captures delivered under the wrong sample ids: the equal-tokens check compares each id's with its own tokens
+    MisorderedSampleIdsHost: ("generated__scenarios_keep_every_invariant", "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused"),
     # rows that overflow a full step vanish: neither run nor refused in its record
     FullStepDropsRowsHost: ("generated__scenarios_keep_every_invariant",
                             "intercept_schedule__rows_over_the_step_budget_run_or_are_refused_in_that_step",
@@ -2507,4 +2609,10 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                                      "driver__generate_keeps_other_requests_outputs_for_step"),
     SubmitTakesStepLockHost: "driver__submit_from_another_thread_returns_while_a_step_runs",
     ShutdownKeepsRequestsHost: "driver__shutdown_releases_request_memory",
+    # blind batch 2026-12-07's misses
+    RankOfFirstAdapterHost: "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights",
+    RetractReleasesQueuedHost: "retract_adapter__requests_in_flight_finish_on_their_version",
+    WaitingOmitsBudgetBlockedHost: "intercept_schedule__batch_lists_every_unfinished_request",
+    VocabFromTokenizerHost: "deep_model__model_spec__matches_the_checkpoint",
+    SamplesKeyedByTokensHost: "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused",
 }
