@@ -40,6 +40,29 @@ def deltaserve_conformance_env(cache_dir) -> Iterator[ConformanceEnv]:
 
 
 @needs_sglang
+def test_finetune_rows_are_never_stored_in_the_radix_cache(deltaserve_conformance_env: ConformanceEnv) -> None:
+    """A fine-tuning row's KV is freed when it finishes, not inserted into the radix cache (skip_radix_cache_insert):
+    a fine-tuning-only step leaves the cache's size as it was, while a client request of the same length grows it."""
+    from deltaserve_core.driver import ClientRequest
+
+    # Defined before the suite's class so it runs on a fresh engine: after the suite's long prompts the cache is at
+    # capacity, where a client's insert evicts as much as it adds and the size cannot show it.
+    env = deltaserve_conformance_env
+    cache = env.host._sched.tree_cache  # type: ignore[attr-defined]
+    sample = make_samples(env, 1, lengths=[33], seed=43, first_id=720)[0]
+    before = cache.total_size()
+    inject, _ = _inject_once([sample], empty=True)
+    rec = Recorder(inject=inject)
+    env.install(rec)
+    assert env.host.run_idle_step()  # type: ignore[attr-defined]
+    env.install(None)
+    assert rec.records[-1].finetune_lengths == (33,)
+    assert cache.total_size() == before, "the fine-tuning row's KV was stored in the radix cache"
+    env.run([ClientRequest("cached-client", make_prompts(env, 1, seed=44)[0].prompt_ids, 2)])
+    assert cache.total_size() > before, "a client request's KV should be cached (the measure is blind otherwise)"
+
+
+@needs_sglang
 class TestSglangConformance(HostConformanceTests):
     """Every conformance check, against SGLang's CPU engine."""
 
@@ -111,27 +134,6 @@ def test_same_sample_twice_is_recomputed_not_read_from_the_radix_cache(
         assert rec.records[-1].finetune_lengths == (40,)
         assert all(t.shape[0] == 40 for _, _, _, t in rec.captures)
     env.install(None)
-
-
-@needs_sglang
-def test_finetune_rows_are_never_stored_in_the_radix_cache(deltaserve_conformance_env: ConformanceEnv) -> None:
-    """A fine-tuning row's KV is freed when it finishes, not inserted into the radix cache (skip_radix_cache_insert):
-    a fine-tuning-only step leaves the cache's size as it was, while a client request of the same length grows it."""
-    from deltaserve_core.driver import ClientRequest
-
-    env = deltaserve_conformance_env
-    cache = env.host._sched.tree_cache  # type: ignore[attr-defined]
-    sample = make_samples(env, 1, lengths=[33], seed=43, first_id=720)[0]
-    before = cache.total_size()
-    inject, _ = _inject_once([sample], empty=True)
-    rec = Recorder(inject=inject)
-    env.install(rec)
-    assert env.host.run_idle_step()  # type: ignore[attr-defined]
-    env.install(None)
-    assert rec.records[-1].finetune_lengths == (33,)
-    assert cache.total_size() == before, "the fine-tuning row's KV was stored in the radix cache"
-    env.run([ClientRequest("cached-client", make_prompts(env, 1, seed=44)[0].prompt_ids, 2)])
-    assert cache.total_size() > before, "a client request's KV should be cached (the measure is blind otherwise)"
 
 
 @needs_sglang
