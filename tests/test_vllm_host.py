@@ -21,6 +21,7 @@ import pytest
 from deltaserve_conformance import ConformanceEnv, HostConformanceTests, Recorder
 from deltaserve_conformance.checks import _reference_layer_inputs
 from deltaserve_conformance.harness import make_prompts, make_samples
+from step_log import graph_step_log
 from test_coserve import dataset  # noqa: F401  (fixture of the CUDA exactness test)
 
 from deltaserve_core.types import (
@@ -380,17 +381,6 @@ def test_declared_graph_modes_match_the_device(deltaserve_conformance_env: Confo
 # ------------------------------------------------------------------------------------ CUDA only
 
 
-def _step_log(rec: Recorder, host, label: str) -> list[dict]:
-    rows = []
-    for r in rec.real_records():
-        batch = rec.batch_for(r.step_id)
-        rows.append({"run": label, "step": r.step_id, "mode": r.mode.value,
-                     "predicted": host.graph_mode(batch).value if batch is not None else None,
-                     "prefill_lengths": list(r.prefill_lengths), "num_decode": r.num_decode,
-                     "finetune_lengths": list(r.finetune_lengths), "duration_ms": round(r.duration_s * 1e3, 3)})
-    return rows
-
-
 @on_cuda
 @needs_vllm
 def test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly(
@@ -398,24 +388,7 @@ def test_cuda_decode_steps_replay_graphs_and_finetune_steps_run_eagerly(
     """Pure decode steps are graph replays (no layer hook fires) and fine-tuning steps run eagerly with their rows
     captured. Prefill steps run eagerly under FULL_DECODE_ONLY (``compile=false``) and may replay
     piecewise graphs under vLLM's own mode (``compile=true``, the CUDA default). Writes the per-step log to $DELTASERVE_STEP_LOG."""
-    import json
-
-    env = deltaserve_conformance_env
-    plain = Recorder()
-    env.install(plain)
-    env.run(make_prompts(env, 4, seed=31, max_tokens=8))
-    counter = iter(range(9000, 90_000))
-    mixed = Recorder(inject=lambda b: make_samples(env, 1, seed=next(counter), first_id=next(counter) * 10)
-                     if b.num_decode and b.step_id % 2 == 0 else ())
-    env.install(mixed)
-    env.run(make_prompts(env, 4, seed=32, max_tokens=8))
-    env.install(None)
-    rows = _step_log(plain, env.host, "plain") + _step_log(mixed, env.host, "finetune_every_other_decode_step")
-    if os.environ.get("DELTASERVE_STEP_LOG"):
-        with open(os.environ["DELTASERVE_STEP_LOG"], "w") as f:
-            json.dump(rows, f, indent=1)
-    for row in rows:
-        print(row)
+    rows, mixed = graph_step_log(deltaserve_conformance_env)
     graph = [r for r in rows if r["mode"] == "graph"]
     assert graph, "no decode step replayed a CUDA graph"
     assert not any(r["finetune_lengths"] for r in graph), "a fine-tuning row ran inside a replayed graph"

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from deltaserve_conformance import ConformanceEnv, HostConformanceTests, Recorder
 from deltaserve_conformance.harness import make_prompts, make_samples
+from step_log import graph_step_log
 
 from deltaserve_core.types import FineTuneSample, ProposedBatch
 
@@ -458,19 +459,6 @@ on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"),
                              reason="needs a CUDA GPU: benchmarks/gpu/sglang_h200.sh (DELTASERVE_SGLANG_DEVICE=cuda)")
 
 
-def _step_log(rec: Recorder, host, label: str) -> list[dict]:  # noqa: ANN001
-    rows = []
-    for r in rec.real_records():
-        batch = rec.batch_for(r.step_id)
-        rows.append({"run": label, "step": r.step_id, "mode": r.mode.value,
-                     "predicted": host.graph_mode(batch).value if batch is not None else None,
-                     "proposed": batch.mode.value if batch is not None else None,
-                     "prefill_lengths": list(r.prefill_lengths), "num_decode": r.num_decode,
-                     "finetune_lengths": list(r.finetune_lengths), "aborted": list(r.aborted_sample_ids),
-                     "duration_ms": round(r.duration_s * 1e3, 3)})
-    return rows
-
-
 def test_graph_modes_are_declared_for_the_device(deltaserve_conformance_env: ConformanceEnv) -> None:
     from deltaserve_core.types import ExecutionMode
 
@@ -489,24 +477,7 @@ def test_cuda_inference_steps_replay_graphs_and_finetune_steps_run_eagerly(
     backend where the step fits), steps with fine-tuning rows run eagerly with every row captured, and each
     record's mode is what SGLang did and what graph_mode() predicted. Writes the per-step log to
     $DELTASERVE_STEP_LOG."""
-    import json
-
-    env = deltaserve_conformance_env
-    plain = Recorder()
-    env.install(plain)
-    env.run(make_prompts(env, 4, seed=31, max_tokens=8))
-    counter = iter(range(9000, 90_000))
-    mixed = Recorder(inject=lambda b: make_samples(env, 1, seed=next(counter), first_id=next(counter) * 10)
-                     if b.num_decode and b.step_id % 2 == 0 else ())
-    env.install(mixed)
-    env.run(make_prompts(env, 4, seed=32, max_tokens=8))
-    env.install(None)
-    rows = _step_log(plain, env.host, "plain") + _step_log(mixed, env.host, "finetune_every_other_decode_step")
-    if os.environ.get("DELTASERVE_STEP_LOG"):
-        with open(os.environ["DELTASERVE_STEP_LOG"], "w") as f:
-            json.dump(rows, f, indent=1)
-    for row in rows:
-        print(row)
+    rows, mixed = graph_step_log(deltaserve_conformance_env)
     graph = [r for r in rows if r["mode"] == "graph"]
     assert any(r["num_decode"] and not r["prefill_lengths"] for r in graph), "no decode step replayed a CUDA graph"
     assert not any(r["finetune_lengths"] for r in graph), "a fine-tuning row ran inside a replayed graph"
