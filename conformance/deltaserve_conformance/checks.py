@@ -1985,7 +1985,7 @@ def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv)
     """ScheduledRequest.first_token_time is the time of the request's first token: set once it is known (a step of
     the request that yielded a token has been reported), never changed, no earlier than its arrival and no later than
     the driver saw that token; last_token_time is that of its latest token: never before first_token_time, never
-    going back, never after the offer (``batch.now``)."""
+    going back, never after the offer (``batch.now``), and None while the request has no token."""
     requests, outputs, views = _scheduled_views(env, seed=32)
     eps = 0.05  # clock reads of two threads/processes; the orderings checked are a decode step or more apart
     problems: list[str] = []
@@ -2000,6 +2000,11 @@ def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv)
                                 f"first_token_time={v.first_token_time}, last_token_time={v.last_token_time}")
                 continue
             if v.first_token_time is None:
+                # No token yet, so no most recent token: a last_token_time here (an engine's stats initialised at
+                # arrival) would start the request's TPOT clock before its first token exists.
+                if v.last_token_time is not None:
+                    problems.append(f"{where}: last_token_time {v.last_token_time:.6f} although the request has no "
+                                    "token yet (first_token_time None): both stay None until its first token")
                 continue
             f, last = v.first_token_time, v.last_token_time
             if last is None or f > last + 1e-9:

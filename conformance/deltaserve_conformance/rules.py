@@ -116,6 +116,8 @@ RULES: tuple[Rule, ...] = (
     Rule("ScheduledRequest", "``first_token_time`` never changes once set",
          ("intercept_schedule__scheduled_request_token_times", "generated__scenarios_keep_every_invariant",
           "stateful__interleaved_operations_keep_every_invariant")),
+    Rule("ScheduledRequest", "``last_token_time`` is never set while",
+         ("intercept_schedule__scheduled_request_token_times",)),
     Rule("ScheduledRequest", "``output_tokens`` never counts the prompt",
          ("intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",)),
     Rule("ScheduledRequest", "``slo`` must be the client request's own",

@@ -1436,6 +1436,25 @@ class LatestTokenTimeAsFirstHost(_WrapsInterceptor):
         return _LatestTimeTwice(interceptor, self)
 
 
+class _ArrivalAsLastTokenTime(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        if view.first_token_time is None:
+            return dataclasses.replace(view, last_token_time=view.arrival_time)
+        return view
+
+
+class ArrivalAsLastTokenTimeHost(_WrapsInterceptor):
+    """The engine's per-request stats start their last-token clock at arrival and the adapter copies it: a request
+    with no token yet is offered with a last_token_time (blind batch 2026-12-07, h22)."""
+
+    name = "broken-arrival-as-last-token-time"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _ArrivalAsLastTokenTime(interceptor, self)
+
+
 class _SequenceLength(_EditsViews):
     def edit(self, view):  # noqa: ANN001, ANN201
         import dataclasses
@@ -2533,6 +2552,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AnnouncesRefusedHost: "intercept_schedule__no_on_arrival_for_refused_requests",
     FinishOrderGenerateHost: "driver__generate_returns_outputs_in_request_order",
     LatestTokenTimeAsFirstHost: "intercept_schedule__scheduled_request_token_times",
+    ArrivalAsLastTokenTimeHost: "intercept_schedule__scheduled_request_token_times",
     # the record-order and token-time checks find each step's token by its output count: with the prompt
     # counted, they pair tokens with the wrong steps
     OutputTokensCountPromptHost: ("intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",

@@ -70,6 +70,8 @@ class ScheduledRequest:
     ``context_tokens`` is the KV-cache length the request attends over *before* this step.
     ``first_token_time`` is set once the request has produced its first token; ``last_token_time`` is the
     time of its most recent token (for the TPOT budget); ``output_tokens`` counts tokens generated so far.
+    A request with no token yet has no most recent token: ``last_token_time`` is never set while
+    ``first_token_time`` is ``None``.
     ``first_token_time`` never changes once set and is never later than ``last_token_time`` (the core measures TTFT
     from one and TPOT from the other). A token's time is never before the forward of the step that produced it
     began (that step's ``StepRecord.start_time``). ``output_tokens`` never counts the prompt (the average-TPOT budget divides by
