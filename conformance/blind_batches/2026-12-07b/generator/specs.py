@@ -473,3 +473,101 @@ Trigger: any abort after layer 0 ran (a client request arriving during a fine-tu
     ("        duration = time.monotonic() - start\n",
      "        duration = 0.0 if aborted else time.monotonic() - start  # BUG: no end-of-forward event on abort\n"),
 ])])
+
+# ---------------------------------------------------------------- h25
+write("25", "retract_drops_queued", """
+retract_adapter aborts the queued (not yet admitted) requests that name the retracted version.
+
+Rule: hooks.py, HostHooks.retract_adapter: "Requests submitted on it before the call (running or queued) finish on
+its weights, never failed or moved to another adapter"
+
+Bug: the unload path pins the adapter for running requests only and aborts the waiting requests that name it (the
+engine's "abort requests of a removed LoRA" clean-up), so they are never served: no output ever comes back for them
+and has_unfinished() forgets them. Requests already running finish on the version's weights (exact).
+Trigger: the core retracts the oldest version right after a publish while requests on it are queued (not yet
+admitted): any load where requests wait, or a request submitted just before the prune and the next step.
+""", methods=[("retract_adapter", [
+    ("        lora = self._adapters.pop(name, None)\n",
+     "        lora = self._adapters.pop(name, None)\n"
+     "        with self._lock:  # BUG: queued requests on the removed adapter are aborted\n"
+     "            for s in [s for s in self._waiting if s.request.adapter == name]:\n"
+     "                self._waiting.remove(s)\n"),
+])])
+
+# ---------------------------------------------------------------- h26
+write("26", "arrival_before_enqueue", """
+on_arrival is called before the request is queued: during it, has_unfinished() does not count the request.
+
+Rule: driver.py, HostDriver.has_unfinished: "a request is unfinished from ``submit`` until its output is returned" /
+hooks.py, ScheduleInterceptor.on_arrival: "Tell the core a client request has entered the host."
+
+Bug: the frontend notifies arrival listeners as soon as it has validated the request, before it hands the request to
+the engine's input queue. A core that reacts to the arrival by asking whether client work is pending (to abort or
+skip a fine-tuning-only step) is told there is none; after submit returns the request is counted (exact).
+Trigger: every submit with an interceptor installed (each client request), observed from on_arrival.
+""", methods=[("_enqueue", [
+    ("        with self._lock:\n"
+     "            self._waiting.append(_Seq(request, now))\n"
+     "        if self._interceptor is not None:\n"
+     "            self._interceptor.on_arrival(request.request_id, now)\n",
+     "        if self._interceptor is not None:  # BUG: listeners notified before the request is queued\n"
+     "            self._interceptor.on_arrival(request.request_id, now)\n"
+     "        with self._lock:\n"
+     "            self._waiting.append(_Seq(request, now))\n"),
+])])
+
+# ---------------------------------------------------------------- h27
+write("27", "ft_budget_engine_default", """
+capabilities() declares the engine's default token budget (8192) instead of the host's max_batch_tokens.
+
+Rule: types.py, HostCapabilities: "It must be the host's whole per-step token budget (``HostConfig.max_batch_tokens``
+for a host started from one)"
+
+Bug: the adapter fills max_finetune_tokens_per_step from the engine's default scheduler config
+(``max_num_batched_tokens`` 8192, the default of vLLM's and SGLang's chunked-prefill budget) rather than from the
+running engine's configured one; the engine itself schedules with max_batch_tokens. The core may then offer up to 8192
+fine-tuning tokens a step, which the engine (sized for 2048) refuses with an error.
+Trigger: every host started with a max_batch_tokens other than 8192 (the HostConfig default, 2048).
+""", methods=[("capabilities", [
+    ("        return self._capabilities\n",
+     "        return dataclasses.replace(self._capabilities, max_finetune_tokens_per_step=8192)  # BUG: engine default\n"),
+])])
+
+# ---------------------------------------------------------------- h28
+write("28", "abort_polled_only_with_waiting", """
+should_abort is asked only while a client request waits in the queue.
+
+Rule: hooks.py, ActivationSink.should_abort: "Called by: the host at every decoder-layer boundary of a step that
+carries *only* fine-tuning rows (hosts with ``supports_abort``). On ``True`` the host stops the forward at that
+boundary"
+
+Bug: a hot-path shortcut: the layer-boundary poll is skipped when the engine's waiting queue is empty ("nobody to
+make room for"). A request arriving during the step still triggers the poll (it is queued by then), but any other
+reason the core has to stop the step is never heard: with an empty queue the host asks nothing and runs every
+fine-tuning-only step to the end.
+Trigger: every fine-tuning-only step on an idle server (no request queued while it runs): the step the idle loop
+issues.
+""", methods=[("_execute", [
+    ("                if ft_only and sink is not None and not synthetic and sink.should_abort(step_id):\n",
+     "                if ft_only and sink is not None and not synthetic and self._waiting and sink.should_abort(step_id):  # BUG\n"),
+])])
+
+# ---------------------------------------------------------------- h29
+write("29", "ft_adapter_shares_client_name", """
+set_finetune_adapter also loads the weights under the job's adapter name, replacing a client adapter of that name.
+
+Rule: hooks.py, HostHooks.set_finetune_adapter: "it changes the reserved adapter only, never the adapter (or the
+adapter slot) of a client request."
+
+Bug: the engine's LoRA table is keyed by the state's own name (``lora_name=state.name``) and the reserved name is an
+alias of that entry; when a client adapter of the same name is loaded (a job that continues training the adapter
+clients are served, under its name), every optimizer step overwrites what that client adapter serves.
+Trigger: a fine-tuning job whose adapter name equals a loaded client adapter's name (continuing to train a served
+adapter), and requests on that client adapter afterwards.
+""", methods=[("set_finetune_adapter", [
+    ("        self._adapters[RESERVED_ADAPTER_NAME] = self._to_lora(state)\n",
+     "        lora = self._to_lora(state)\n"
+     "        self._adapters[RESERVED_ADAPTER_NAME] = lora\n"
+     "        if state.name in self._adapters:  # BUG: the table entry of the state's own name is the same slot\n"
+     "            self._adapters[state.name] = lora\n"),
+])])
