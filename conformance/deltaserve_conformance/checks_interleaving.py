@@ -13,7 +13,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientOutput, ClientRequest
 
 from .checks import _fail, _greedy_problems, check
-from .harness import PREFIX_SPAN, ConformanceEnv, handed_copy, make_prompts
+from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
 
@@ -98,23 +98,36 @@ def check_publish_adapter__requests_in_flight_keep_their_adapter(env: Conformanc
 def check_driver__run_idle_step_never_loses_pending_client_work(env: ConformanceEnv) -> None:
     """``run_idle_step()`` called while client requests are pending (submitted, not yet run: requests that arrived
     between the core's idle check and the call) loses nothing: each is served and its output returned by a later
-    ``step()``, exactly once, also one short enough to finish in its prefill step."""
+    ``step()``, exactly once, also one short enough to finish in its prefill step. A step the call offers to
+    ``on_schedule`` lists each of them in ``scheduled`` or ``waiting`` (ProposedBatch: every request that arrived and
+    has not finished): an idle path that offers an empty batch without asking its queue hides them from the
+    admission that prices the fine-tuning step against them."""
     # one of them finishes in its prefill step: if the idle step runs it, that step's outputs have nowhere to go
     pending = [ClientRequest(r.request_id, r.prompt_ids, 1 if i == 0 else 4, adapter=r.adapter)
                for i, r in enumerate(make_prompts(env, 2, seed=64, prefix="pending"))]
+    sample = make_samples(env, 1, lengths=[10], seed=64, first_id=2600)
+    rec = Recorder(inject=lambda batch: sample if not batch.scheduled else ())
+    env.install(rec)
     for r in pending:
         env.host.submit(r)  # type: ignore[attr-defined]
     env.host.run_idle_step()  # type: ignore[attr-defined]
+    offered = list(rec.batches)
+    env.install(None)
+    problems = [f"step {b.step_id}, offered by run_idle_step(), lists {sorted(missing)} in neither scheduled nor "
+                "waiting" for b in offered
+                if (missing := {r.request_id for r in pending}
+                    - {v.request_id for v in (*b.scheduled, *b.waiting)})]
     outputs = env.run_stepwise([])
     got = [o.request_id for o in outputs]
-    problems = [f"{r.request_id}: returned {got.count(r.request_id)} times" for r in pending
-                if got.count(r.request_id) != 1]
+    problems += [f"{r.request_id}: returned {got.count(r.request_id)} times" for r in pending
+                 if got.count(r.request_id) != 1]
     if not problems:
         problems = _greedy_problems(env, outputs, pending,
                                     lambda r: env.client_adapter_dir if r.adapter == env.client_adapter else None)
     if problems:
-        raise _fail(env, "driver", "requests pending when run_idle_step() was called: expected each served and "
-                    "returned by a later step() exactly once; " + "; ".join(problems[:3]))
+        raise _fail(env, "driver", "requests pending when run_idle_step() was called: expected each listed in any "
+                    "batch the call offered and served and returned by a later step() exactly once; "
+                    + "; ".join(problems[:3]))
 
 
 # ------------------------------------------------------------------------------------------ blind batch 2026-12-06b:

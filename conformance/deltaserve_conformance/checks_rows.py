@@ -20,12 +20,16 @@ __all__: list[str] = []
 #: LoRA ranks of the published adapters beside the client adapter (rank 8): one below it, one above; within every
 #: host's ``max_lora_rank`` as the suite starts it (16: vLLM and SGLang size their LoRA buffers by it)
 _RANKS = (4, 16)
+#: their lora_alpha: scalings 0.5 and 1.5, neither a whole number (recipes' alpha = r / 2, alpha 24 at r 16), where
+#: every other adapter of the suite scales by 2: integer arithmetic on alpha / r is exact on those alone
+_ALPHAS = {4: 2.0, 16: 24.0}
 
 
 def _adapter_of_rank(env: ConformanceEnv, r: int) -> LoraAdapterState:
     from deltaserve_core.testing.tiny_model import build_lora_adapter
 
-    folder = build_lora_adapter(env.model_dir, env.model_dir.parent / f"published-adapter-rank{r}", seed=20 + r, r=r)
+    folder = build_lora_adapter(env.model_dir, env.model_dir.parent / f"published-adapter-rank{r}", seed=20 + r, r=r,
+                                lora_alpha=_ALPHAS[r])
     return LoraAdapterState.load_pretrained(folder, name=f"conformance-rank{r}", version=1)
 
 
@@ -33,7 +37,7 @@ def _adapter_of_rank(env: ConformanceEnv, r: int) -> LoraAdapterState:
 def check_publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights(env: ConformanceEnv) -> None:
     """One step serving adapters of different LoRA ranks, the lowest rank first: a published version of rank 4, the
     client adapter (rank 8) and a published version of rank 16, submitted together in that order (and then in the
-    opposite order). Each request gets transformers + PEFT's greedy tokens for its own adapter: a batched LoRA kernel
+    opposite order); the rank 4 and 16 adapters scale by 0.5 and 1.5 (``lora_alpha`` not a multiple of ``r``). Each request gets transformers + PEFT's greedy tokens for its own adapter: a batched LoRA kernel
     that takes one rank for the whole step (the first adapter's) cuts the higher-rank adapters' trailing components;
     one that pads to the step's largest rank must pad with zeros."""
     limit = env.config.max_lora_rank if env.config is not None else 16

@@ -280,12 +280,16 @@ def make_prompts(env: ConformanceEnv, count: int, *, seed: int = 0, max_tokens: 
 
 def make_samples(env: ConformanceEnv, count: int, *, seed: int = 100, first_id: int = 0,
                  lengths: Sequence[int] | None = None) -> list[FineTuneSample]:
-    """Fine-tuning samples with a prompt part (no loss) and a response part (loss)."""
+    """Fine-tuning samples with a prompt part (no loss) and a response part (loss); every second sample of six
+    tokens or more also ends in 1-3 tokens without loss, as chat templates' masked suffixes do (ChatML's newline after
+    ``<|im_end|>``, masked EOS or padding): a sample's rows are all its tokens, targets or not (blind batch
+    2026-12-07b, h11: rows cut after their last target)."""
     rng = random.Random(seed)
     out = []
     for i in range(count):
         n = lengths[i] if lengths is not None else rng.randint(4, 20)
         ids = tuple(rng.randrange(3, env.vocab_size) for _ in range(n))
         split = max(1, n // 2)
-        out.append(FineTuneSample(first_id + i, ids, (False,) * split + (True,) * (n - split)))
+        tail = min(1 + (i // 2) % 3, n - split - 1) if i % 2 and n >= 6 else 0
+        out.append(FineTuneSample(first_id + i, ids, (False,) * split + (True,) * (n - split - tail) + (False,) * tail))
     return out
