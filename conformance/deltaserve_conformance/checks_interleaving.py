@@ -186,12 +186,14 @@ def check_driver__generate_keeps_other_requests_outputs_for_step(env: Conformanc
 
 @check("retract_adapter")
 def check_retract_adapter__withdraws_exactly_that_version(env: ConformanceEnv) -> None:
-    """The core prunes old versions with ``retract_adapter``: after version 41 of an adapter is retracted, a request
+    """The core prunes old versions with ``retract_adapter``: after version 4 of an adapter is retracted, a request
     naming it is refused by ``submit()`` (raising, nothing queued) as one naming an adapter the host never loaded,
     while version 42 of the same adapter, the client adapter and the base model keep serving their own weights. A
     host that unloads by the job's adapter name withdraws every version with the oldest; one that forgets the name
-    but not the slot, or maps it to no adapter, serves the retracted version's clients on some other weights."""
-    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-retract", version=41)
+    but not the slot, or maps it to no adapter, serves the retracted version's clients on some other weights. The
+    kept version's published name (``...@v42``) extends the retracted one's (``...@v4``): a host that unloads every
+    adapter whose name starts with the retracted name withdraws it too (blind batch 2026-12-07b, h21)."""
+    source = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-retract", version=4)
     old, new = _scaled(source, 1.5), _scaled(source, -2.0, version=42)
     old_name = env.host.publish_adapter(handed_copy(old))  # type: ignore[attr-defined]
     new_name = env.host.publish_adapter(handed_copy(new))  # type: ignore[attr-defined]
