@@ -29,7 +29,11 @@ def check_set_finetune_adapter__requests_in_flight_keep_their_adapter(env: Confo
     """``set_finetune_adapter`` called while client requests decode (the core installs every optimizer step's weights
     between steps, whatever is in flight) changes the reserved adapter only: requests on the base model, on a client
     adapter and on a published version finish with their own weights. A host that rebuilds its adapter slot table on
-    install (and keeps running requests' old slot indices), or reloads every adapter, moves them mid-request."""
+    install (and keeps running requests' old slot indices), or reloads every adapter, moves them mid-request. One
+    install names its state after the loaded client adapter (a job that goes on training the adapter clients are
+    served, under its name) with other weights: the client adapter's requests, running and submitted after it, keep
+    its folder's weights; a host whose LoRA table is keyed by the state's own name, the reserved name an alias of
+    that entry, overwrites the client adapter (blind batch 2026-12-07b, h29)."""
     client = LoraAdapterState.load_pretrained(env.client_adapter_dir, name="conformance-ftswap", version=71)
     own = _scaled(client, 1.6)
     published = env.host.publish_adapter(handed_copy(own))  # type: ignore[attr-defined]
@@ -37,6 +41,7 @@ def check_set_finetune_adapter__requests_in_flight_keep_their_adapter(env: Confo
     requests = [ClientRequest(r.request_id, r.prompt_ids, r.max_tokens, adapter=adapters[i % 3])
                 for i, r in enumerate(make_prompts(env, 6, seed=71, max_tokens=10, adapter_every=0, prefix="ftswap"))]
     weights = {None: None, env.client_adapter: env.client_adapter_dir, published: own}
+    late = ClientRequest("ftswap-client-late", requests[1].prompt_ids[1:], 4, adapter=env.client_adapter)
     original = env.finetune_state
     for r in requests:
         env.host.submit(r)  # type: ignore[attr-defined]
@@ -47,15 +52,19 @@ def check_set_finetune_adapter__requests_in_flight_keep_their_adapter(env: Confo
         # another name and version, weights no client adapter holds: what a moved request would get is visible
         env.host.set_finetune_adapter(handed_copy(_scaled(original, -4.0, name="0-ftswap", version=72)))  # type: ignore[attr-defined]
         outputs.extend(env.host.step())  # type: ignore[attr-defined]
-        env.host.set_finetune_adapter(handed_copy(_scaled(original, 3.0, version=73)))  # type: ignore[attr-defined]
+        env.host.set_finetune_adapter(handed_copy(_scaled(original, -3.0, name=env.client_adapter, version=73)))  # type: ignore[attr-defined]
+        outputs.extend(env.host.step())  # type: ignore[attr-defined]
+        env.host.submit(late)  # type: ignore[attr-defined]
+        env.host.set_finetune_adapter(handed_copy(_scaled(original, 3.0, version=74)))  # type: ignore[attr-defined]
         outputs.extend(env.run_stepwise([]))
     finally:
         env.host.set_finetune_adapter(handed_copy(original))  # type: ignore[attr-defined]
-    problems = _greedy_problems(env, outputs, requests, lambda r: weights[r.adapter])
+    problems = _greedy_problems(env, outputs, requests + [late], lambda r: weights[r.adapter])
     if problems:
-        raise _fail(env, "set_finetune_adapter", "set_finetune_adapter was called after 3 and after 4 steps of "
-                    f"requests on the base model, {env.client_adapter!r} and {published!r}: expected each to finish "
-                    "with its own weights; " + "; ".join(problems[:3]))
+        raise _fail(env, "set_finetune_adapter", "set_finetune_adapter was called after 3, 4 (a state named "
+                    f"{env.client_adapter!r}, other weights) and 5 steps of requests on the base model, "
+                    f"{env.client_adapter!r} and {published!r} (one more on {env.client_adapter!r} submitted after the "
+                    "5th): expected each to finish with its own weights; " + "; ".join(problems[:3]))
 
 
 @check("publish_adapter")
