@@ -383,7 +383,10 @@ def _needs_abort(caps: HostCapabilities) -> str | None:
 
 @check("capture_activation", requires=_needs_abort)
 def check_capture_activation__abort_stops_finetune_only_step(env: ConformanceEnv) -> None:
-    """should_abort=True at a layer boundary stops a fine-tuning-only step there and hands the samples back."""
+    """should_abort=True at a layer boundary stops a fine-tuning-only step there and hands the samples back. Its
+    record's ``duration_s`` is the wall time of the part that ran (layer 0 did), so above 0: a host that takes the
+    duration from an end-of-forward timing event an aborted forward never reaches reports 0, and the latency model
+    never sees that time (blind batch 2026-12-07b, h24)."""
     samples = make_samples(env, 2, lengths=[10, 12], seed=9, first_id=90)
     fired: list[int] = []
     rec = Recorder(inject=_inject_into_first_idle(samples, fired), abort_after_layer=1)
@@ -405,6 +408,9 @@ def check_capture_activation__abort_stops_finetune_only_step(env: ConformanceEnv
     if record is None or sorted(record.aborted_sample_ids) != ids or record.finetune_sample_ids:
         raise _fail(env, "capture_activation", f"the step record must list aborted_sample_ids={ids} and no completed "
                     f"fine-tuning rows; got {record}")
+    if not record.duration_s > 0:
+        raise _fail(env, "capture_activation", f"the record of a fine-tuning-only step aborted before layer 1 (layer 0 "
+                    f"ran) has duration_s={record.duration_s!r}; expected the wall time of the part that ran, above 0")
 
 
 @check("driver", requires=_needs_abort)
@@ -1872,19 +1878,29 @@ def check_report_step_time__record_after_the_step_outputs(env: ConformanceEnv) -
 def check_run_profile_step__finetune_rows_never_dropped(env: ConformanceEnv) -> None:
     """A profile step runs its shape's fine-tuning rows, also when no fine-tuning adapter is loaded yet (build_env
     runs one such step before set_finetune_adapter), or refuses the shape by raising. A record that quietly leaves
-    them out makes calibration price fine-tuning tokens at nothing."""
+    them out makes calibration price fine-tuning tokens at nothing. The rows that ran completed the whole forward, so
+    the record (returned and delivered to the step sink) lists one ``finetune_sample_ids`` entry per
+    ``finetune_lengths`` entry: a host that collects the ids from dataset sample ids and skips the calibration rows'
+    placeholders reports lengths without ids (blind batch 2026-12-07b, h19)."""
     cases = []
     if env.profile_before_adapter is not None:
         shape, got = env.profile_before_adapter
         if not isinstance(got, Exception):
             cases.append(("before set_finetune_adapter", shape, got))
+    rec = Recorder()
+    env.install(rec)
     shape = ProfileShape(prefill_lengths=(8,), finetune_lengths=(6, 4))
-    cases.append(("with the fine-tuning adapter loaded", shape, env.host.run_profile_step(shape)))  # type: ignore[attr-defined]
+    got = env.host.run_profile_step(shape)  # type: ignore[attr-defined]
+    cases += [("with the fine-tuning adapter loaded", shape, r) for r in [got, *_profile_records(rec, got)]]
     for when, shape, got in cases:
         if sorted(got.finetune_lengths) != sorted(shape.finetune_lengths):  # type: ignore[attr-defined]
             raise _fail(env, "run_profile_step", f"a profile step {when} asked for fine-tuning rows "
                         f"{shape.finetune_lengths} and reports {got.finetune_lengths} (prefills "  # type: ignore[attr-defined]
                         f"{got.prefill_lengths}): expected them run, or the shape refused by raising")  # type: ignore[attr-defined]
+        if len(got.finetune_sample_ids) != len(got.finetune_lengths):  # type: ignore[attr-defined]
+            raise _fail(env, "run_profile_step", f"a profile step {when} ran fine-tuning rows of lengths "
+                        f"{got.finetune_lengths} and its record lists finetune_sample_ids="  # type: ignore[attr-defined]
+                        f"{got.finetune_sample_ids}: expected one id per completed row")  # type: ignore[attr-defined]
 
 
 @check("intercept_schedule")
