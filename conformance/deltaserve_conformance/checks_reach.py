@@ -169,3 +169,38 @@ def check_driver__has_unfinished_from_another_thread_during_a_step(env: Conforma
         raise _fail(env, "driver", f"has_unfinished() asked from another thread while the step admitting "
                     f"{request.request_id!r} ran (inside its first fine-tuning layer input) answered False; expected "
                     "True until the request's output is returned")
+
+
+@check("driver")
+def check_driver__has_unfinished_counts_a_request_during_its_on_arrival(env: ConformanceEnv) -> None:
+    """A request is unfinished from ``submit``: ``has_unfinished()`` asked inside ``on_arrival`` (the core reacts to an
+    arrival by asking whether client work is pending, to abort or skip a fine-tuning-only step) answers True, for the
+    first request on an empty engine, sent with ``submit()`` and with ``generate()``. A frontend that notifies
+    arrival listeners before it hands the request to the engine's queue tells the core there is none (blind batch
+    2026-12-07b, h26)."""
+    rec = Recorder()
+    seen: dict[str, object] = {}
+    arrived = rec.on_arrival
+
+    def asking(request_id: str, arrival_time: float) -> None:
+        arrived(request_id, arrival_time)
+        try:
+            seen[request_id] = env.host.has_unfinished()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            seen[request_id] = exc
+
+    rec.on_arrival = asking  # type: ignore[method-assign]
+    env.install(rec)
+    submitted, generated = make_prompts(env, 2, seed=92, max_tokens=2, prefix="unfinished-on-arrival")
+    try:
+        env.host.submit(submitted)  # type: ignore[attr-defined]
+        env.run_stepwise([])
+        env.run([generated])
+    finally:
+        env.install(None)
+    problems = [f"{seen[rid]!r} for {rid!r} ({how})" if rid in seen else f"nothing for {rid!r} ({how}): no on_arrival"
+                for rid, how in ((submitted.request_id, "submit()"), (generated.request_id, "generate()"))
+                if seen.get(rid) is not True]
+    if problems:
+        raise _fail(env, "driver", "has_unfinished() asked inside on_arrival of the only request on an empty engine "
+                    f"answered {'; '.join(problems)}; expected True: a request is unfinished from submit")
