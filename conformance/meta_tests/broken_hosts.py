@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import torch
 
 from deltaserve_core.driver import ClientOutput, ClientRequest
-from deltaserve_core.hooks import ActivationSink, ScheduleInterceptor
-from deltaserve_core.testing.reference_host import ReferenceHost
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME, ActivationSink, ScheduleInterceptor
+from deltaserve_core.testing.reference_host import ReferenceHost, _Seq
 from deltaserve_core.types import ExecutionMode, FineTuneSample, HostCapabilities, ProposedBatch, StepRecord
 
 
@@ -2397,6 +2397,134 @@ class SamplesKeyedByTokensHost(_WrapsInterceptor):
         return ByTokens(interceptor)
 
 
+# --------------------------------------------------------------------------------------------- blind batch 2026-12-07b
+# Regression hosts for the checks written after blind batch 2026-12-07b (conformance/blind_batches/2026-12-07b): the
+# blind hosts' bugs, written again on the reference host.
+
+
+class IntegerLoraScalingHost(ReferenceHost):
+    """LoRA scaling computed as ``int(lora_alpha) // r``: exact when alpha is a multiple of r (every adapter of the suite
+    but the rank 4/16 ones), 0 at rank 4 alpha 2, 1 at rank 16 alpha 24 (blind batch 2026-12-07b, h03)."""
+
+    name = "broken-integer-lora-scaling"
+
+    def _to_lora(self, state):  # noqa: ANN001, ANN202
+        lora = super()._to_lora(state)
+        lora.scaling = int(state.config.lora_alpha) // state.config.r
+        return lora
+
+
+class IdleStepHidesQueueHost(ReferenceHost):
+    """run_idle_step() looks at the running set and kept outputs only and offers an empty batch without asking its queue:
+    the queued requests are served by the next step(), but the idle step's on_schedule sees nobody waiting (blind batch
+    2026-12-07b, h05)."""
+
+    name = "broken-idle-step-hides-queue"
+
+    def run_idle_step(self) -> bool:
+        if self._running or self._kept:
+            return False
+        with self._lock:
+            queued = list(self._waiting)
+            self._waiting.clear()
+        try:
+            return bool(self._step(allow_idle=True, report_executed=True))
+        finally:
+            with self._lock:
+                self._waiting.extendleft(reversed(queued))
+
+
+class TrimsUntrainedTailHost(ReferenceHost):
+    """A fine-tuning row is cut after its sample's last target token (positions without loss after it are not run):
+    fewer captured rows than the sample's tokens, short finetune_lengths (blind batch 2026-12-07b, h11)."""
+
+    name = "broken-trims-untrained-tail"
+
+    def _execute(self, step_id: int, rows, tokens: torch.Tensor, synthetic: bool = False) -> StepRecord:  # noqa: ANN001
+        kept, parts, pos = [], [], 0
+        for r in rows:
+            n = r.length
+            if r.sample is not None and not synthetic and any(r.sample.loss_mask):
+                n = max(i for i, m in enumerate(r.sample.loss_mask) if m) + 1
+            parts.append(tokens[r.start:r.start + n])
+            kept.append(dataclasses.replace(r, start=pos, length=n))
+            pos += n
+        return super()._execute(step_id, kept, torch.cat(parts), synthetic)
+
+
+class _RewritesRecordsHost(ReferenceHost):
+    """A reference host whose step records, returned and delivered to the step sink, go through ``self.rewrite``."""
+
+    def rewrite(self, record: StepRecord) -> StepRecord:
+        raise NotImplementedError
+
+    def _execute(self, step_id: int, rows, tokens: torch.Tensor, synthetic: bool = False) -> StepRecord:  # noqa: ANN001
+        sink = self._step_sink
+        self._step_sink = None if sink is None else (lambda record: sink(self.rewrite(record)))
+        try:
+            return self.rewrite(super()._execute(step_id, rows, tokens, synthetic))
+        finally:
+            self._step_sink = sink
+
+
+class ProfileDropsPlaceholderIdsHost(_RewritesRecordsHost):
+    """Record sample ids are collected from the rows' dataset ids, skipping the negative placeholders of calibration
+    rows: a profile step's record lists fine-tuning lengths without ids (blind batch 2026-12-07b, h19)."""
+
+    name = "broken-profile-drops-placeholder-ids"
+
+    def rewrite(self, record: StepRecord) -> StepRecord:
+        return dataclasses.replace(record, finetune_sample_ids=tuple(i for i in record.finetune_sample_ids if i >= 0))
+
+
+class RetractsByPrefixHost(ReferenceHost):
+    """retract_adapter unloads every adapter whose name starts with the retracted one: retracting ``job@v4`` withdraws
+    ``job@v42`` too (blind batch 2026-12-07b, h21)."""
+
+    name = "broken-retracts-by-prefix"
+
+    def retract_adapter(self, name: str) -> None:
+        for key in [k for k in self._adapters if k.startswith(name)]:
+            self._withdrawn.hold(key, self._adapters.pop(key))
+        self._forget_withdrawn()
+
+
+class AbortedStepZeroDurationHost(_RewritesRecordsHost):
+    """The duration comes from an end-of-forward timing event an aborted forward never reaches: an aborted step is
+    recorded with duration_s 0 (blind batch 2026-12-07b, h24)."""
+
+    name = "broken-aborted-step-zero-duration"
+
+    def rewrite(self, record: StepRecord) -> StepRecord:
+        return dataclasses.replace(record, duration_s=0.0) if record.aborted_sample_ids else record
+
+
+class ArrivalBeforeEnqueueHost(ReferenceHost):
+    """on_arrival is called before the request is queued: during it has_unfinished() does not count the request (blind
+    batch 2026-12-07b, h26)."""
+
+    name = "broken-arrival-before-enqueue"
+
+    def _enqueue(self, request: ClientRequest) -> None:
+        now = time.monotonic()
+        if self._interceptor is not None:
+            self._interceptor.on_arrival(request.request_id, now)
+        with self._lock:
+            self._waiting.append(_Seq(request, now))
+
+
+class FinetuneStateOverwritesClientHost(ReferenceHost):
+    """The LoRA table is keyed by the state's own name, the reserved name an alias of that entry: a fine-tuning state
+    named like a loaded client adapter replaces what that client adapter serves (blind batch 2026-12-07b, h29)."""
+
+    name = "broken-finetune-state-overwrites-client"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        super().set_finetune_adapter(state)
+        if state.name in self._adapters:
+            self._adapters[state.name] = self._adapters[RESERVED_ADAPTER_NAME]
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     DoubleInterceptHost: "intercept_schedule__once_per_step",
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
@@ -2475,7 +2603,11 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # a case-insensitive lookup serves spellings of a client adapter it never loaded as well
     NormalisingAdapterNamesHost: ("intercept_schedule__reserved_adapter_variants_refused",
                                   "driver__unknown_adapter_refused"),
-    TrainingNameServedHost: ("intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate"),
+    # the job's name registered with the fine-tuning weights also overwrites a client adapter of that name (blind
+    # batch 2026-12-07b, h29), which stays overwritten for the later rank check
+    TrainingNameServedHost: ("intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate",
+                             "set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                             "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights"),
     PrefixCacheFinetuneHost: "intercept_schedule__finetune_rows_read_no_prefix_cache",
     # every later adapter is ignored, the all-projections one and the one over max_lora_rank too
     FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__later_rows_use_the_new_weights",
@@ -2635,4 +2767,23 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     WaitingOmitsBudgetBlockedHost: "intercept_schedule__batch_lists_every_unfinished_request",
     VocabFromTokenizerHost: "deep_model__model_spec__matches_the_checkpoint",
     SamplesKeyedByTokensHost: "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused",
+    # blind batch 2026-12-07b's misses
+    IntegerLoraScalingHost: "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights",
+    IdleStepHidesQueueHost: "driver__run_idle_step_never_loses_pending_client_work",
+    # every second sample of make_samples ends in masked tokens: each check comparing captures or counting rows sees it
+    TrimsUntrainedTailHost: ("capture_activation__matches_reference_forward",
+                             "capture_activation__only_finetune_rows_in_layer_order",
+                             "intercept_schedule__injected_rows_run_in_same_step",
+                             "intercept_schedule__samples_with_equal_tokens_each_run_or_are_refused",
+                             "set_finetune_adapter__every_target_module_applies_or_is_refused",
+                             "set_finetune_adapter__keeps_its_own_copy",
+                             "set_finetune_adapter__later_rows_use_the_new_weights",
+                             "set_finetune_adapter__lora_dropout_never_reaches_the_forward"),
+    ProfileDropsPlaceholderIdsHost: "run_profile_step__finetune_rows_never_dropped",
+    RetractsByPrefixHost: "retract_adapter__withdraws_exactly_that_version",
+    AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
+    ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
+    # the client adapter stays overwritten after that check: the later rank check serves it on the wrong weights too
+    FinetuneStateOverwritesClientHost: ("set_finetune_adapter__requests_in_flight_keep_their_adapter",
+                                        "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights"),
 }
