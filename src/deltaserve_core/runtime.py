@@ -189,6 +189,7 @@ class EngineRuntime:
         self._known: dict[str, Any] = {}
         self._records: dict[str, dict[str, Any]] = {}  # a created job's create record, by job id
         self._exporters: dict[str, Any] = {}  # each job's metrics exporter, by job id
+        self._ended_noted: set[str] = set()  # jobs whose end is recorded for a restart
         self._start_options: dict[str, Any] = {}
         self._cleanups: list[Callable[[], None]] = []
         self._on_begin_stop: list[Callable[[], None]] = []
@@ -303,6 +304,8 @@ class EngineRuntime:
             result = answer["result"]
             if op in ("pause", "resume", "cancel"):
                 self._keep_operator_state(self._known[result["id"]], result["status"])
+            for job in result if isinstance(result, list) else [result]:
+                self._note_if_ended(job)
             answer["result"] = ([self._annotated(j) for j in result] if isinstance(result, list)
                                 else self._annotated(result))
         return answer
@@ -398,8 +401,15 @@ class EngineRuntime:
                 exporter.close()  # its final values stay on /metrics
             self.sharing.remove(co)
 
-    @staticmethod
-    def _keep_ended(co: Any, status: str) -> None:
+    def _note_if_ended(self, job: Any) -> None:
+        """Record a job seen ended (a crash before the stop's own record then does not start it again)."""
+        if isinstance(job, dict) and job.get("status") in _ENDED and job.get("id") not in self._ended_noted:
+            co = self._known.get(job["id"])
+            if co is not None:
+                self._keep_ended(co, job["status"])
+
+    def _keep_ended(self, co: Any, status: str) -> None:
+        self._ended_noted.add(co.job_id)
         try:
             save_operator_state(co.job, paused=False, ended=status)
         except OSError as exc:
@@ -489,13 +499,15 @@ class EngineRuntime:
             for co in self.coservers:
                 co.stop_admission()
             for co in self.coservers:
+                # read before the shutdown closes its backward, after which it can no longer tell it finished
+                co.refresh()
+                status = co.job_status()["status"]
+                if status in _ENDED:
+                    self._keep_ended(co, status)
                 try:  # each job's save in half of what is left: the later ones still get time
                     co.shutdown(timeout_s=self.stop_timeout_s())
                 except Exception:  # noqa: BLE001 - one job's failed save must not cost the others theirs
                     log.exception("DeltaServe: the final checkpoint of job %s failed", co.job_id)
-                status = co.job_status()["status"]
-                if status in _ENDED:
-                    self._keep_ended(co, status)
             if self.sharing is not None:
                 self.sharing.close()  # the hooks go; every job is shut down already
         finally:

@@ -35,7 +35,8 @@ _UNTIL_A_VALUE = ("deltaserve_loss", "deltaserve_published_version", "deltaserve
 def assert_sane(series: Series, job: str, *, trained: bool = True, published: bool = True,
                 multiprocess: bool = False, rank: int | None = None) -> None:
     """Every DeltaServe metric is on the page, each series labelled with a job and nothing per request, and ``job``'s
-    series (a server may run several jobs) with values a job can have: a ``trained`` one has steps, tokens and a finite loss; a ``published`` one a version.
+    series (a server may run several jobs) with values a job can have: a ``trained`` one has steps, tokens and a
+    finite loss; a ``published`` one a version.
 
     ``multiprocess``: the page is prometheus_client's multiprocess collector's (SGLang, vLLM with several API
     servers), which knows a metric only from its series, so a gauge without a value yet is not listed at all.
