@@ -106,8 +106,14 @@ def pause_one_the_other_trains(api: JobsApi, paused: str, other: str) -> None:
     held, grown = job["trained_tokens"], api.job(other)["trained_tokens"]
     api.wait_for(other, lambda j: j["trained_tokens"] > grown, "the other job training on")
     metric = "deltaserve_finetune_tokens_total"
-    counted = api.metric(metric, _label(paused))
-    deadline = time.monotonic() + 120  # the exporters write every second
+    # the exporters sample every second: once the paused job's adapter step on /metrics is its last one, the same
+    # sample holds its last token count
+    step = api.job(paused)["deltaserve"]["step"]
+    deadline = time.monotonic() + 120
+    while api.metric("deltaserve_adapter_step", _label(paused), series := api.scrape()) != step:
+        assert time.monotonic() < deadline, f"{paused}'s adapter step {step} never reached /metrics"
+        time.sleep(1.0)
+    counted = api.metric(metric, _label(paused), series)
     while (api.metric(metric, _label(other)) or 0) <= grown:
         assert time.monotonic() < deadline, f"{other}'s trained tokens never grew past {grown} on /metrics"
         time.sleep(1.0)
