@@ -1,12 +1,12 @@
 """Two fine-tuning jobs created over HTTP on one real ``vllm serve`` (CPU), and what its ``/metrics`` shows of them.
 
 The operator's path of the README, run by this script on the ``tiny`` demo model (built locally, no download):
-``deltaserve calibrate`` then the server line it prints, with ``"jobs": {"data_dir": ..., "max_concurrent": 2}`` and
-no job file (:class:`operator_metrics.VllmCpuServer`). While a client sends a few greedy completions per second and
-``/metrics`` is scraped every ``--every`` seconds, the operator's calls go over HTTP at fixed times (seconds after
-the first scrape, :data:`DEFAULT_ACTIONS`): create job ``alpha``, create job ``beta``, pause ``alpha``, resume it,
-cancel ``beta``. Both jobs train on ``--training-file`` (default: 200 short generated Alpaca-format records, so the
-run needs no download). Written to ``--out``:
+``deltaserve calibrate`` then the server line it prints (``VLLM_PLUGINS=deltaserve,deltaserve_jobs``), with
+``"jobs": {"data_dir": ..., "max_concurrent": 2}`` and no job file (:class:`operator_metrics.VllmCpuServer`). While
+a client sends a few greedy completions per second and ``/metrics`` is scraped every ``--every`` seconds, the
+operator's calls go over HTTP at fixed times (seconds after the first scrape, :data:`DEFAULT_ACTIONS`): create job
+``alpha``, create job ``beta``, pause ``alpha``, resume it, cancel ``beta``. Both jobs train on ``--training-file``
+(default: 200 short generated Alpaca-format records, so the run needs no download). Written to ``--out``:
 
 - ``two_jobs_metrics.json``: every ``deltaserve_*`` sample (time, metric, labels, value), the operator's calls with
   their times and answers, the client's requests and the environment (commit, vLLM version, the server command);
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -136,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         training.write_text(json.dumps(generated_records()))
     key = "two-jobs-demo-key"
+    # the jobs routes are vLLM's endpoint plugin, loaded only when VLLM_PLUGINS names it (the server inherits this)
+    os.environ["VLLM_PLUGINS"] = "deltaserve,deltaserve_jobs"
     server = om.VllmCpuServer(str(resolve_model(args.model)), None, workdir, key, args.startup_timeout,
                               jobs={"data_dir": str(workdir / "data"), "max_concurrent": 2})
     report: dict[str, Any] = {"schema": SCHEMA, "command": command_line(list(sys.argv[1:] if argv is None else argv)),
@@ -161,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[two-jobs] t={time.monotonic() - t0:.0f}s {op} {job}: HTTP {status} {status_of}", flush=True)
                 report["actions"].append({"t": round(time.monotonic() - t0, 3), "op": op, "job": job,
                                           "http_status": status, "answer": answer})
+                if status != 200:
+                    raise RuntimeError(f"{op} {job} was refused: HTTP {status} {answer}")
             time.sleep(max(0.0, t0 + args.duration - time.monotonic()))
             listed = http_json("GET", f"{base}/v1/fine_tuning/jobs", key=key)[1]
             report["jobs_at_end"] = listed.get("data") if isinstance(listed, dict) else listed
