@@ -162,13 +162,13 @@ class EngineRuntime:
         self.job: JobConfig | None = self._startup[0][0] if self._startup else None
         self.jobs = jobs
         self.served_models = served_models
-        self.engines = engine_count = engines
+        self.engines = engines
         self.engine = engine
         self.dp_rank = dp_rank
         self.where = where or f"the {engine} engine"
         if dp_rank is not None:
             self.where += f" of data-parallel rank {dp_rank}"
-        if engine_count > 1 and len(self._startup) > 1:
+        if engines > 1 and len(self._startup) > 1:
             raise ValueError("a data-parallel server runs one job; remove the created jobs from its jobs folder")
         self.grace_s = float(grace_s)
         self.log_every_s = float(log_every_s)
@@ -303,19 +303,17 @@ class EngineRuntime:
         if "result" in answer:
             result = answer["result"]
             if op in ("pause", "resume", "cancel"):
-                self._keep_operator_state(self._known[result["id"]], result["status"])
+                self._keep_operator_state(self._known[result["id"]], op, result["status"])
             for job in result if isinstance(result, list) else [result]:
                 self._note_if_ended(job)
             answer["result"] = ([self._annotated(j) for j in result] if isinstance(result, list)
                                 else self._annotated(result))
         return answer
 
-    def _keep_operator_state(self, co: Any, status: str) -> None:
+    def _keep_operator_state(self, co: Any, op: str, status: str) -> None:
         try:
             # a cancel is final from the request on: a restart before its checkpoint lands must not train on
-            save_operator_state(co.job, paused=status == "paused",
-                                ended="cancelled" if co.job_status()["status"] == "cancelled" or getattr(
-                                    co, "_cancel_requested", False) else None)
+            save_operator_state(co.job, paused=status == "paused", ended="cancelled" if op == "cancel" else None)
         except OSError as exc:  # the call itself took effect; only a restart would not know it
             log.warning("DeltaServe: could not keep job %s's state for a restart: %s", co.job_id, exc)
 
