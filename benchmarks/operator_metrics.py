@@ -394,8 +394,12 @@ class VllmCpuServer:
     Every process it starts carries a unique environment entry, so :meth:`stop` finds them all, re-parented or
     not, and can say that none is left."""
 
-    def __init__(self, model: str, job: Path | None, workdir: Path, key: str | None, startup_s: float) -> None:
+    def __init__(self, model: str, job: Path | None, workdir: Path, key: str | None, startup_s: float,
+                 jobs: dict[str, Any] | None = None) -> None:
+        """``jobs``: the ``jobs`` settings of jobs created over HTTP (``data_dir``, ``max_concurrent``); with them
+        and no ``job`` the server starts without a job file."""
         self.model = model
+        self.jobs = jobs
         self.workdir = workdir
         self.key = key
         self.startup_s = startup_s
@@ -442,18 +446,22 @@ class VllmCpuServer:
         ``/health``; returns the server's base URL."""
         from deltaserve_core.testing.servers import wait_until_up
 
-        if self.job is None:
+        if self.job is None and self.jobs is None:
             self.job = default_job(self.workdir)
         words = self.calibrate()
         if words[:1] != ["python"] or "--additional-config" not in words:
             raise RuntimeError(f"unexpected server line from calibrate: {shlex.join(words)}")
-        if self.job.resolve() != (self.workdir / "job.yaml").resolve():
+        at = words.index("--additional-config") + 1
+        settings = json.loads(words[at])
+        if self.job is None:
+            del settings["deltaserve"]["job"]  # jobs come over HTTP
+        elif self.job.resolve() != (self.workdir / "job.yaml").resolve():
             # the printed line's job.yaml stands for the operator's job; its absolute path keeps the job's own
             # relative paths (dataset, checkpoint dir) relative to the job file's folder, where the job reads them
-            at = words.index("--additional-config") + 1
-            settings = json.loads(words[at])
             settings["deltaserve"]["job"] = str(self.job.resolve())
-            words[at] = json.dumps(settings)
+        if self.jobs is not None:
+            settings["deltaserve"]["jobs"] = self.jobs
+        words[at] = json.dumps(settings)
         port = _free_port()
         extra = ["--port", str(port)] + (["--api-key", self.key] if self.key else [])
         cmd = [sys.executable, *words[1:], *extra]

@@ -6,13 +6,16 @@ a restart reads. The real servers create jobs in tests/test_vllm_jobs_api.py and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from deltaserve_core.job_control import JobCallError
-from deltaserve_core.job_create import JobsSettings, job_from_request, save_created, startup_job
+from deltaserve_core.job_create import (JobsSettings, job_from_request, operator_state, save_created,
+                                        save_operator_state, startup_job, startup_jobs)
 
 MODEL = "/models/tiny"
 
@@ -128,8 +131,42 @@ def test_the_runtime_refuses_a_create_it_cannot_run(settings: JobsSettings) -> N
     answer = create(EngineRuntime(None, engine="test", grace_s=1, jobs=settings, served_models=(MODEL,), engines=2))
     assert answer["status"] == 501 and answer["error"]["code"] == "create_unsupported_data_parallel"
     runtime = EngineRuntime(None, engine="test", grace_s=1, jobs=settings, served_models=(MODEL,))
-    runtime.coserver = _Running()
-    answer = create(runtime)
-    assert answer["status"] == 409 and "one fine-tuning job at a time" in answer["error"]["message"]
-    assert "later step" in answer["error"]["message"] and not settings.dir.exists()  # nothing written
+    running = _Running()
+    runtime.sharing = SimpleNamespace(jobs=(running,))  # type: ignore[assignment]
+    runtime._known[running.job_id] = running
+    answer = create(runtime)  # jobs.max_concurrent is 1 unless the operator raises it
+    assert answer["status"] == 409 and answer["error"]["code"] == "job_limit_reached", answer
+    message = answer["error"]["message"]
+    assert "ftjob-declared (running)" in message and "jobs.max_concurrent is 1" in message, message
+    assert "cancel one" in message and not settings.dir.exists()  # nothing written
     assert runtime.job_call("list")["result"][0]["metadata"] is None  # the declared job has none
+
+
+def test_the_limit_of_concurrent_jobs_is_checked_naming_the_key() -> None:
+    assert JobsSettings.from_mapping({}, base=Path("/"), where="jobs").max_concurrent == 1
+    assert JobsSettings.from_mapping({"max_concurrent": "3"}, base=Path("/"), where="jobs").max_concurrent == 3
+    for bad in (0, -1, 1.5, True, "two", 65):
+        with pytest.raises(ValueError, match=r"jobs.max_concurrent: must be a whole number of jobs from 1 to 64, "
+                                             rf"got {re.escape(repr(bad))}; set it to"):
+            JobsSettings.from_mapping({"max_concurrent": bad}, base=Path("/"), where="jobs")
+    kept = JobsSettings.from_mapping({"max_concurrent": 2}, base=Path("/"), where="jobs")
+    assert JobsSettings.from_mapping(kept.as_mapping(), base=Path("/"), where="jobs").max_concurrent == 2
+
+
+def test_a_restart_starts_every_job_that_did_not_end(settings: JobsSettings, tmp_path: Path) -> None:
+    declared = tmp_path / "job.yaml"
+    declared.write_text(f"dataset: {settings.data_dir}/train.json\nadapter_name: declared\n")
+    made = []
+    for suffix in ("one", "two", "three"):
+        created = job_from_request({"model": MODEL, "training_file": "train.json", "suffix": suffix}, settings,
+                                   served_models=(MODEL,))
+        save_created(created, settings)
+        made.append(created)
+    save_operator_state(made[0].job, paused=True)
+    save_operator_state(made[1].job, ended="cancelled")
+    save_operator_state(made[2].job, ended="failed")  # a failed job is tried again
+    jobs = startup_jobs(declared, settings)
+    assert [j.adapter_name for j, _ in jobs] == ["declared", "one", "three"]
+    assert jobs[0][1] is None and jobs[1][1] is not None and jobs[1][1].record == made[0].record
+    assert operator_state(made[0].job) == {"paused": True}
+    assert startup_job(declared, settings)[0].adapter_name == "three"  # type: ignore[union-attr]

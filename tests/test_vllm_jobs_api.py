@@ -1,15 +1,17 @@
 """The fine-tuning jobs API in vLLM's own OpenAI server (``/v1/fine_tuning/jobs``), against a real ``vllm serve``.
 
 One module-scoped server (the API server and the EngineCore in separate processes, as in production) with
-``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` and ``--api-key``, running a job long enough not to end by itself.
-The tests run in file order on it: list and get show the job training; every route needs the key; pause stops the
-trained-token count (compared across polls, never timed), resume makes it grow again; events page; checkpoints
-are listed; the ``deltaserve jobs`` CLI reads the same server; a create while the job runs is refused (409);
-cancel ends the job with a final checkpoint. The server also has a data directory for jobs created over HTTP
-(``"jobs": {"data_dir": "data"}`` next to ``"job"``): once the declared job is cancelled, bad creates are refused
-naming the field (a training file outside the data directory among them), a created job trains, publishes and
-succeeds, and a second created job survives a restart of the server with the same command line, resuming from its
-checkpoint. Completions are served throughout.
+``VLLM_PLUGINS=deltaserve,deltaserve_jobs``, ``--api-key`` and ``"jobs": {"data_dir": "data", "max_concurrent": 2}``
+next to ``"job"``, running a job long enough not to end by itself. The tests run in file order on it: list and get
+show the job training; every route needs the key; pause stops the trained-token count (compared across polls,
+never timed), resume makes it grow again; events page; checkpoints are listed; the ``deltaserve jobs`` CLI reads
+the same server; bad creates are refused naming the field (a training file outside the data directory among them).
+Then the operator's two jobs: a second job created over HTTP trains beside the first, a third is refused (the
+limit), pausing the first stops its trained tokens (API and /metrics) while the second's grow, cancelling the second
+ends it with a final checkpoint, /metrics shows each job's series; a created job trains, publishes and succeeds in
+the room the cancelled one left; another survives a restart of the server with the same command line, resuming from
+its checkpoint, beside the first job, which comes back paused and trains again once resumed; a request without
+the key is refused. Completions are served throughout.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from typing import Any
 import pytest
 
 from deltaserve_core.testing.servers import http_json
+from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, metrics_show_each_job,
+                                            past_the_limit_is_refused, pause_one_the_other_trains,
+                                            second_job_trains_beside_the_first)
 from test_vllm_serve import (  # noqa: F401  (calibrated: a fixture, resolved against this module's job)
     API_KEY,
     HAVE_VLLM,
@@ -41,6 +46,8 @@ from test_vllm_serve import (  # noqa: F401  (calibrated: a fixture, resolved ag
 pytestmark = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install 'deltaserve[vllm]')")
 
 JOB_ID = "ftjob-jobsapi"
+SECOND = "second"
+SECOND_ID = f"ftjob-{SECOND}"
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +58,12 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _with_data_dir(command: list[str]) -> list[str]:
-    """``command`` with ``"jobs": {"data_dir": "data"}`` added to its ``--additional-config "deltaserve"``."""
+    """``command`` with ``"jobs": {"data_dir": "data", "max_concurrent": 2}`` added to its ``--additional-config
+    "deltaserve"``."""
     words = list(command)
     at = words.index("--additional-config") + 1
     extra = json.loads(words[at])
-    extra["deltaserve"]["jobs"] = {"data_dir": "data"}
+    extra["deltaserve"]["jobs"] = {"data_dir": "data", "max_concurrent": 2}
     words[at] = json.dumps(extra)
     return words
 
@@ -200,31 +208,8 @@ def _create(server: dict, body: dict) -> tuple[int, Any]:
     return http_json("POST", f"{server['base']}/v1/fine_tuning/jobs", body, key=API_KEY)
 
 
-def test_a_create_while_the_job_runs_is_refused(server: dict) -> None:
-    status, body = _create(server, _create_body(server))
-    assert status == 409 and body["error"]["code"] == "job_active", body
-    assert "one fine-tuning job at a time" in body["error"]["message"] and "cancel it" in body["error"]["message"]
-    assert _job(server)["status"] == "running"
-
-
-def test_cancel_ends_the_job_with_a_final_checkpoint(server: dict) -> None:
-    status, body = _api(server, "POST", f"/{JOB_ID}/cancel")
-    assert status == 200 and body["status"] in ("running", "cancelled"), body
-    job = _wait_for(server, lambda j: j["status"] == "cancelled", "cancelled")
-    assert job["finished_at"] is not None
-    status, page = _api(server, "GET", f"/{JOB_ID}/checkpoints")
-    newest = page["data"][0]
-    assert newest["step_number"] == job["deltaserve"]["step"]
-    assert Path(newest["fine_tuned_model_checkpoint"]).is_dir()
-    held = job["trained_tokens"]
-    _served(server)
-    time.sleep(2.0)
-    assert _job(server)["trained_tokens"] == held
-    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
-    assert status == 409 and body["error"]["code"] == "job_not_active", body
-    watch = _cli(server, "watch", "--interval", "0.5")  # an ended job: one line, then it returns
-    assert watch.returncode == 0 and "cancelled" in watch.stdout, watch.stderr
-    _served(server)
+def _ids(server: dict) -> list[str]:
+    return _ops(server).ids()
 
 
 def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
@@ -238,7 +223,46 @@ def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
         status, body = _create(server, _create_body(server, **over))
         assert status == status_code and body["error"]["param"] == param, (over, body)
         assert words in body["error"]["message"], (over, body)
-    assert [j["id"] for j in _api(server, "GET", "")[1]["data"]] == [JOB_ID]  # nothing started
+    assert _ids(server) == [JOB_ID]  # nothing started
+
+
+def _ops(server: dict) -> JobsApi:
+    return JobsApi(server["base"], API_KEY, lambda: None if server["proc"].poll() is None
+                   else server["log"].read_text()[-4000:])
+
+
+def test_a_second_job_trains_beside_the_first(server: dict) -> None:
+    body = _create_body(server, suffix=SECOND, hyperparameters={"n_epochs": 200, "batch_size": 48})
+    assert second_job_trains_beside_the_first(_ops(server), JOB_ID, body) == SECOND_ID
+    _served(server)
+
+
+def test_a_create_past_the_limit_is_refused(server: dict) -> None:
+    past_the_limit_is_refused(_ops(server), _create_body(server, suffix="third"), [JOB_ID, SECOND_ID],
+                              '"deltaserve".jobs.max_concurrent')
+    assert not (Path(server["job"]).parent / "deltaserve-jobs" / "third").exists()  # nothing written
+
+
+def test_pausing_one_job_leaves_the_other_training(server: dict) -> None:
+    pause_one_the_other_trains(_ops(server), JOB_ID, SECOND_ID)
+    _served(server)
+
+
+def test_cancelling_the_other_ends_it_with_a_final_checkpoint(server: dict) -> None:
+    job = cancel_the_other(_ops(server), SECOND_ID, JOB_ID)
+    status, page = _api(server, "GET", f"/{SECOND_ID}/checkpoints")
+    assert Path(page["data"][0]["fine_tuned_model_checkpoint"]).is_dir()
+    held = job["trained_tokens"]
+    _served(server)
+    time.sleep(2.0)
+    assert _job(server, SECOND_ID)["trained_tokens"] == held
+    watch = _cli(server, "watch", SECOND_ID, "--interval", "0.5")  # an ended job: one line, then it returns
+    assert watch.returncode == 0 and "cancelled" in watch.stdout, watch.stderr
+    _served(server)
+
+
+def test_metrics_show_each_job(server: dict) -> None:
+    metrics_show_each_job(_ops(server), {JOB_ID: True, SECOND_ID: True})
 
 
 def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
@@ -247,8 +271,7 @@ def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
     assert job["status"] in ("validating_files", "queued", "running") and job["metadata"] == {"team": "search"}
     assert job["hyperparameters"]["n_epochs"] == 1 and job["hyperparameters"]["batch_size"] == 48
     assert job["training_file"].endswith("data/train.json") and job["user_provided_suffix"] == "created"
-    status, listed = _api(server, "GET", "")
-    assert status == 200 and [j["id"] for j in listed["data"]] == ["ftjob-created"], listed
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-created"]  # a cancelled job does not count to the limit
     done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed",
                      job_id="ftjob-created")
     assert done["trained_tokens"] > 0 and done["fine_tuned_model"], done
@@ -259,7 +282,7 @@ def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
     _served(server)
 
 
-def test_a_restarted_server_resumes_the_created_job(server: dict) -> None:
+def test_a_restarted_server_resumes_every_job_that_did_not_end(server: dict) -> None:
     created = _cli(server, "create", "--model", server["model"], "--training-file", "train.json", "--suffix",
                    "resumed", "--n-epochs", "200", "--batch-size", "48", "--metadata", "run=restart",
                    "--deltaserve", json.dumps({"max_length": 64, "buffer_tokens": 512, "checkpoint": {"every_steps": 3},
@@ -267,14 +290,28 @@ def test_a_restarted_server_resumes_the_created_job(server: dict) -> None:
     assert created.returncode == 0, created.stderr
     before = json.loads(created.stdout)
     assert before["id"] == "ftjob-resumed" and before["metadata"] == {"run": "restart"}, before
+    # the ended jobs made room for it and are still answered for
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-created", "ftjob-resumed"]
+    assert _job(server, SECOND_ID)["status"] == "cancelled"
     trained = _wait_for(server, lambda j: j["deltaserve"]["step"] >= 3, "a checkpoint", job_id="ftjob-resumed")
-    _stop(server["proc"])  # SIGINT: the final checkpoint
+    paused = _job(server)
+    assert paused["status"] == "paused"
+    _stop(server["proc"])  # SIGINT: the final checkpoints
     server.update(_start(server["job"], server["tiny_model"], server["command"], server["env"], "restart.log",
                          "--api-key", API_KEY))
     job = _wait_for(server, lambda j: j["status"] == "running", "the resumed job", job_id="ftjob-resumed")
     assert job["deltaserve"]["step"] >= trained["deltaserve"]["step"], (job, trained)
     assert job["created_at"] == before["created_at"] and job["metadata"] == {"run": "restart"}
-    assert [j["id"] for j in _api(server, "GET", "")[1]["data"]] == ["ftjob-resumed"]
+    # the job file's job comes back paused, as the operator left it; the cancelled and the succeeded job stay ended
+    assert _ids(server) == [JOB_ID, "ftjob-resumed"]
+    again = _job(server)
+    assert again["status"] == "paused" and again["deltaserve"]["step"] == paused["deltaserve"]["step"], again
+    assert again["trained_tokens"] == paused["trained_tokens"], (again, paused)
     events = _api(server, "GET", "/ftjob-resumed/events?limit=1000")[1]["data"]
     assert any("resumed from the checkpoint" in e["message"] for e in events), events
+    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
+    assert status == 200 and body["status"] == "running", body
+    _wait_for(server, lambda j: j["trained_tokens"] > paused["trained_tokens"], "the first job training again")
+    status, body = http_json("GET", f"{server['base']}/v1/fine_tuning/jobs")  # no key
+    assert status == 401, body
     _served(server)

@@ -12,6 +12,14 @@
 #   there: last call with carry=[".whl/p5", ".whl/x"]:
 #          source .whl/p5/device-install.sh && bash benchmarks/gpu/bench_h200.sh
 #
+# SGLang (HOST=sglang, CUDA SGLang 0.5.15; issue #18): carry the SGLang bundle instead of vLLM's (prepare_sglang_h200.sh:
+#   call 1 carry [".whl-sgl/p1", ".whl/x/tokenizer"]: mkdir -p /tmp/sgl-wheels && cp .whl-sgl/p1/* /tmp/sgl-wheels/ &&
+#          X=.whl/x BUDGET=0 bash benchmarks/gpu/bench_h200.sh          (copies part 1 and builds the model)
+#   call 2 carry [".whl-sgl/p2", ".whl/x"]: source .whl-sgl/p2/device-install.sh && HOST=sglang \
+#          SYSTEMS=bare,deltaserve,static_mps ... bash benchmarks/gpu/bench_h200.sh
+#   SGLang has no stock/served systems in the bench (no `stock` runner registered); GPU_UTIL becomes SGLang's
+#   mem_fraction_static (of the whole card, where vLLM's gpu_memory_utilization is too).
+#
 # DELTASERVE_COMMIT: pass the hash of the code you carried (`git rev-parse HEAD` here) -- the device's copy of the
 #   tree has no .git, and every result JSON names its commit (environment.commit).
 #
@@ -74,7 +82,13 @@ BUFFER=${BUFFER:-2048}            # activation buffer S_max
 STOCK_TIMEOUT=${STOCK_TIMEOUT:-300}  # seconds a stock engine may take before it counts as failed (results kept)
 SATURATION=${SATURATION:-0}       # requests at once after bare's/stock's replay (throughput at saturation)
 DEDICATED=${DEDICATED:-6}        # seconds of the packed PEFT trainer alone (the harvest denominator)
-PREFIX=${NAME:-bench_vllm_llama8b-shape}
+HOST=${HOST:-vllm}
+case "$HOST" in
+  sglang) MEM_OPTION=mem_fraction_static ;;
+  vllm) MEM_OPTION=gpu_memory_utilization ;;
+  *) echo "HOST=$HOST: this script runs vllm or sglang"; exit 2 ;;
+esac
+PREFIX=${NAME:-bench_${HOST}_llama8b-shape}
 HOST_OPT_ARGS=()
 for kv in ${HOST_OPTIONS:-}; do HOST_OPT_ARGS+=(--option "$kv"); done
 MODEL=${MODEL:-/tmp/llama8b-shape}
@@ -127,10 +141,10 @@ for TR in $TRACES; do
     EXTRA=(--duration "$DURATION")
   fi
   echo "[bench_h200] $TR: up to ${CAP} of ${LEFT} s left"
-  timeout "$CAP" deltaserve bench --host vllm --model "$MODEL" --device cuda --dtype bfloat16 \
+  timeout "$CAP" deltaserve bench --host "$HOST" --model "$MODEL" --device cuda --dtype bfloat16 \
     --trace "$TR" "${EXTRA[@]}" --lengths "$X/lengths.csv" --dataset "$X/alpaca_en_demo.json" \
     --max-prompt 1024 --max-output 256 --max-running 64 --max-batch-tokens "$MAX_BATCH_TOKENS" --slo-regime "$SLO_REGIMES" \
-    --option gpu_memory_utilization=$GPU_UTIL ${HOST_OPT_ARGS[@]+"${HOST_OPT_ARGS[@]}"} --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
+    --option "$MEM_OPTION=$GPU_UTIL" ${HOST_OPT_ARGS[@]+"${HOST_OPT_ARGS[@]}"} --static-shares "$STATIC_SHARES" --dedicated "$DEDICATED" \
     --backward-batch-tokens "$BWD_TOKENS" --buffer-tokens "$BUFFER" --systems "$SYSTEMS" --saturation "$SATURATION" \
     --stock-timeout "$STOCK_TIMEOUT" \
     --out "$OUT" --name "${PREFIX}_$TAG" --no-progress 2>&1 \

@@ -9,9 +9,9 @@ loaded, and :func:`startup_job` when the server starts.
 Where things are (``jobs`` settings, :class:`JobsSettings`): the training file is read only from inside the
 operator's ``data_dir`` (symlinks resolved, so neither ``..`` nor a link leads out of it); each created job gets
 ``<dir>/<suffix>/`` with its ``job.yaml``, the request's own fields (``request.json``) and its checkpoints
-(``checkpoints/``, where its published versions go too); ``<dir>/current`` names the newest created job, the one
-a restarted server resumes instead of the job file it was started with (that job had ended, or the create
-would have been refused).
+(``checkpoints/``, where its published versions go too, and ``operator.json``: a pause or an end that a restart
+keeps); ``<dir>/current`` names the newest created job. A restarted server starts its job file's job and every
+created job that neither succeeded nor was cancelled (:func:`startup_jobs`), each from its newest checkpoint.
 
 The body's fields, and what they become::
 
@@ -45,13 +45,22 @@ from typing import Any
 from .job_config import JobConfig, JobConfigError, job_config_from_mapping, job_config_to_mapping, load_job_config
 from .job_control import JobCallError
 
-__all__ = ["CreatedJob", "JobsSettings", "config_error", "current_suffix", "forget_created", "job_from_request",
-           "load_created", "save_created", "startup_job"]
+__all__ = ["CreatedJob", "JobsSettings", "config_error", "created_jobs", "current_suffix", "forget_created",
+           "job_from_request", "load_created", "operator_state", "save_created", "save_operator_state", "startup_job",
+           "startup_jobs"]
 
 #: ``jobs.dir`` when the operator names none: relative to the server's working directory at start-up
 DEFAULT_JOBS_DIR = "deltaserve-jobs"
+#: the most ``jobs.max_concurrent`` may be: every job's rows compete for one engine's spare capacity
+MAX_CONCURRENT_CAP = 64
+#: ``jobs.max_concurrent`` when the operator names none: one job at a time, as before several could share a host
+DEFAULT_MAX_CONCURRENT = 1
 _CURRENT = "current"
 _REQUEST = "request.json"
+#: beside a job's checkpoints: what the operator did to it that a restart keeps (save_operator_state)
+_OPERATOR = "operator.json"
+#: the statuses after which a restart does not start a created job again (a failed one is tried again)
+_FINAL = ("succeeded", "cancelled")
 _JOB_FILE = "job.yaml"
 #: OpenAI's fields of the create body; anything else at the top level is refused
 _FIELDS = ("model", "training_file", "suffix", "hyperparameters", "seed", "metadata", "method", "validation_file",
@@ -73,19 +82,31 @@ class JobsSettings:
     data_dir: Path | None
     dir: Path
     how_to_enable: str = ""
+    #: jobs that may be active (not succeeded, failed or cancelled) on the server at once, the job file's
+    #: included: each has its own backward process and copy of the trainable state, so more jobs means more memory
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    #: how the operator names ``max_concurrent`` on this engine, in the refusal of a create past it
+    limit_setting: str = "jobs.max_concurrent"
 
     @classmethod
-    def from_mapping(cls, raw: Any, *, base: Path, where: str, how_to_enable: str = "") -> "JobsSettings":
+    def from_mapping(cls, raw: Any, *, base: Path, where: str, how_to_enable: str = "",
+                     limit_setting: str | None = None) -> "JobsSettings":
         """``raw``: ``{"data_dir": ..., "dir": ...}`` (both optional; relative paths against ``base``). Raises
         ``ValueError`` naming ``where``'s key, the value and the fix."""
         if raw is None:
             raw = {}
         if not isinstance(raw, Mapping):
             raise ValueError(f'{where}: must be an object such as {{"data_dir": "/data"}}, got {raw!r}')
-        unknown = sorted(set(raw) - {"data_dir", "dir"})
+        unknown = sorted(set(raw) - {"data_dir", "dir", "max_concurrent"})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown}; known: data_dir (where training files are read), "
-                             "dir (where created jobs are kept)")
+                             "dir (where created jobs are kept), max_concurrent (how many jobs may train at once)")
+        limit = raw.get("max_concurrent", DEFAULT_MAX_CONCURRENT)
+        if isinstance(limit, str) and limit.strip().isdigit():
+            limit = int(limit)  # an environment variable's text
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CONCURRENT_CAP:
+            raise ValueError(f"{where}.max_concurrent: must be a whole number of jobs from 1 to {MAX_CONCURRENT_CAP}, "
+                             f"got {limit!r}; set it to how many fine-tuning jobs may train on this server at once")
         paths: dict[str, Path | None] = {}
         for key in ("data_dir", "dir"):
             value = raw.get(key)
@@ -96,11 +117,13 @@ class JobsSettings:
         if data_dir is not None and not data_dir.is_dir():
             raise ValueError(f"{where}.data_dir: {data_dir} is not a folder; name the folder clients' training "
                              "files are read from")
-        return cls(data_dir, paths["dir"] or (base / DEFAULT_JOBS_DIR).resolve(), how_to_enable)
+        return cls(data_dir, paths["dir"] or (base / DEFAULT_JOBS_DIR).resolve(), how_to_enable, limit,
+                   limit_setting or f"{where}.max_concurrent")
 
-    def as_mapping(self) -> dict[str, str | None]:
+    def as_mapping(self) -> dict[str, str | int | None]:
         """Absolute paths, for handing the settings to another process (:meth:`from_mapping` reads them back)."""
-        return {"data_dir": None if self.data_dir is None else str(self.data_dir), "dir": str(self.dir)}
+        return {"data_dir": None if self.data_dir is None else str(self.data_dir), "dir": str(self.dir),
+                "max_concurrent": self.max_concurrent}
 
 
 @dataclass(frozen=True)
@@ -328,16 +351,57 @@ def load_created(settings: JobsSettings) -> CreatedJob | None:
     suffix = current_suffix(settings)
     if suffix is None:
         return None
-    home = settings.dir / suffix
+    return _load_home(settings.dir / suffix)
+
+
+def _load_home(home: Path) -> CreatedJob:
     return CreatedJob(load_job_config(home / _JOB_FILE), json.loads((home / _REQUEST).read_text()))
+
+
+def created_jobs(settings: JobsSettings) -> list[CreatedJob]:
+    """Every job created on this server that is kept in its jobs folder, oldest first."""
+    if not settings.dir.is_dir():
+        return []
+    homes = [h for h in settings.dir.iterdir() if (h / _JOB_FILE).is_file() and (h / _REQUEST).is_file()]
+    # created_at is whole seconds: the request file's write time orders jobs created within one
+    found = [(_load_home(h), (h / _REQUEST).stat().st_mtime_ns) for h in homes]
+    return [c for c, _ in sorted(found, key=lambda f: (f[0].record["created_at"], f[1]))]
+
+
+def operator_state(job: JobConfig) -> dict[str, Any]:
+    """What the operator did to ``job`` that must outlive a restart (:func:`save_operator_state`); empty if nothing."""
+    try:
+        state = json.loads((Path(job.checkpoint.dir) / _OPERATOR).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def save_operator_state(job: JobConfig, **changes: Any) -> None:
+    """Keep ``changes`` (``paused``: the operator paused it; ``ended``: its final status) beside ``job``'s
+    checkpoints: a restarted server leaves a paused job paused and does not start an ended one again."""
+    folder = Path(job.checkpoint.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_atomic(folder / _OPERATOR, json.dumps({**operator_state(job), **changes}))
+
+
+def startup_jobs(declared: str | os.PathLike[str] | None, settings: JobsSettings | None) -> list[
+        tuple[JobConfig, CreatedJob | None]]:
+    """The jobs a server starts with: the job file it was started with (if any; it resumes from its checkpoint, and
+    one that had ended stays so), then every job created over HTTP that did not succeed or was not cancelled, oldest
+    first. Each with its create record (None for the job file's)."""
+    out: list[tuple[JobConfig, CreatedJob | None]] = []
+    if declared:
+        out.append((load_job_config(declared), None))
+    for created in created_jobs(settings) if settings is not None else []:
+        if operator_state(created.job).get("ended") not in _FINAL:
+            out.append((created.job, created))
+    return out
 
 
 def startup_job(declared: str | os.PathLike[str] | None, settings: JobsSettings | None) -> tuple[
         JobConfig | None, CreatedJob | None]:
-    """The job a server starts with: the newest job created over HTTP when there is one (a create is refused while
-    a job is active, so the declared job had ended before it), else the job file it was started with (None: none).
-    Returns (job, the created job's record or None)."""
-    created = load_created(settings) if settings is not None else None
-    if created is not None:
-        return created.job, created
-    return (load_job_config(declared) if declared else None), None
+    """The newest of :func:`startup_jobs` (the job whose published versions a server that serves one job's names
+    serves), or (None, None)."""
+    jobs = startup_jobs(declared, settings)
+    return jobs[-1] if jobs else (None, None)

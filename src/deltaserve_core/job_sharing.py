@@ -49,7 +49,8 @@ rows are refused, and the other jobs and inference go on.
 Hosts: the routing of the activation sink happens in the process that calls it, so hosts whose forward side runs in
 the scheduling process (the reference host, vLLM in-process, SGLang and S-LoRA's adapters, which call the sink from
 the scheduler's own process) are served. A data-parallel job (``data_parallel.world_size`` > 1) runs alone on its
-host.
+host: it may be added to an empty JobSharing only, and nothing may be added beside it. A job alone holds the rows
+at every step, so one job through JobSharing admits exactly as its CoServer alone on the host would.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class JobHostView:
 
     def publish_adapter(self, state: LoraAdapterState) -> str:
         # A server's host publishes into one folder, the running job's (vLLM's and SGLang's serving hosts, see
-        # EngineRuntime.job_changed): point it at this job's before each publish, so versions stay with their job.
+        # EngineRuntime): point it at this job's before each publish, so versions stay with their job.
         publish_to = getattr(self._host, "publish_to", None)
         if callable(publish_to):
             publish_to(publish_dir(self._job.co.job))
@@ -261,9 +262,15 @@ class JobSharing:
         """A :class:`CoServer` for ``job`` on its own view of the host, not started (call its ``start()``, or use
         :meth:`start_job`). Refuses a job whose ``adapter_name`` or ``checkpoint.dir`` another job here has (their
         published versions or checkpoints would overwrite each other), and a data-parallel job."""
-        if job.data_parallel.enabled:
+        # a data-parallel job's ranks step in lockstep with other engines: turns given to another job here would
+        # stall every rank, so it runs alone (added to an empty JobSharing, nothing beside it)
+        if job.data_parallel.enabled and self._jobs:
             raise JobConfigError(f"job config: data_parallel.world_size: {job.data_parallel.world_size}: a "
                                  "data-parallel job runs alone on its host; run it on its own servers, or set it to 1")
+        alone = next((j for j in self._jobs if j.co.job.data_parallel.enabled), None)
+        if alone is not None:
+            raise JobConfigError(f"job {alone.co.job_id} is data-parallel and runs alone on this host: run "
+                                 f"{job.adapter_name!r} on another server, or after that job has been removed")
         mine = os.path.realpath(job.checkpoint.dir)
         for other in self._jobs:  # a failed job keeps its folder and name until it is removed
             theirs = os.path.realpath(other.co.job.checkpoint.dir)
@@ -365,6 +372,10 @@ class JobSharing:
             if backlogged and j.co.ready_for_rows:
                 ready.append(j)
         self._ready = ready
+        if len(live) == 1:
+            # a job alone holds the rows throughout: its admission decides as a CoServer alone on the host would,
+            # with its own reasons, never ``other_job``
+            return live[0]
         if not ready:
             return self._owner if self._owner is not None and self._owner.live else None
         top = max(j.priority for j in ready)

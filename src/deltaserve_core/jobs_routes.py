@@ -9,7 +9,7 @@ server mounts these routes brings; the core does not depend on it, and only the 
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
     GET  /v1/fine_tuning/jobs                       list (``data``, ``has_more``)
-    POST /v1/fine_tuning/jobs                       create (deltaserve_core.job_create), one job at a time
+    POST /v1/fine_tuning/jobs                       create (deltaserve_core.job_create), up to jobs.max_concurrent
     GET  /v1/fine_tuning/jobs/{id}                  one job (``fine_tuning.job``)
     POST /v1/fine_tuning/jobs/{id}/pause|resume|cancel
     GET  /v1/fine_tuning/jobs/{id}/events?after=&limit=       newest first, paged

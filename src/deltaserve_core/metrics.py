@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from .coserve import CoServer
 
 __all__ = ["JOB_LABEL", "METRICS", "RANK_LABEL", "Exporter", "FileSink", "JobLabels", "JobMetrics", "MetricDef",
-           "MultiprocessSink", "Snapshot", "SnapshotCollector", "exposed_names", "rank_snapshot_path", "read_snapshot",
-           "render_text", "snapshot_file_collector", "start_exporter"]
+           "MultiprocessSink", "Snapshot", "SnapshotCollector", "exposed_names", "job_snapshot_path",
+           "rank_snapshot_path", "read_snapshot", "render_text", "snapshot_file_collector", "start_exporter"]
 
 log = logging.getLogger("deltaserve.metrics")
 
@@ -323,12 +323,23 @@ class FileSink:
         os.replace(tmp, self.path)
 
 
-def read_snapshot(path: str | os.PathLike[str]) -> list[tuple[JobLabels, Snapshot]]:
-    """What the :class:`FileSink` of every process of the job last wrote for the server's ``path`` (the file, or
-    the ranks' files beside it), rank order; empty before the first write."""
+def job_snapshot_path(path: str | os.PathLike[str], adapter_name: str) -> Path:
+    """Where the job ``adapter_name`` of a server that runs several writes the snapshots its server named ``path``:
+    a file of its own beside it (the data-parallel ranks of a job, which runs alone, go beside that one in turn)."""
     path = Path(path)
-    files = [path] + sorted(path.parent.glob(f"{path.stem}.rank-*{path.suffix}"),
-                            key=lambda p: int(p.stem.rsplit("-", 1)[1]))
+    return path.with_name(f"{path.stem}.job-{adapter_name}{path.suffix}")
+
+
+def _file_order(path: Path) -> tuple[str, int]:
+    head, _, rank = path.stem.rpartition(".rank-")
+    return (head, int(rank)) if head and rank.isdigit() else (path.stem, -1)
+
+
+def read_snapshot(path: str | os.PathLike[str]) -> list[tuple[JobLabels, Snapshot]]:
+    """What the :class:`FileSink` of every job and every process of a job last wrote for the server's ``path`` (the
+    file, or the jobs' and ranks' files beside it), by job then rank; empty before the first write."""
+    path = Path(path)
+    files = [path] + sorted(path.parent.glob(f"{path.stem}.*{path.suffix}"), key=_file_order)
     out = []
     for f in files:
         try:

@@ -1,26 +1,30 @@
-"""One engine runtime: the co-serving job inside an engine's own server process, the same on every engine.
+"""One engine runtime: the fine-tuning jobs inside an engine's own server process, the same on every engine.
 
 Under ``vllm serve``, SGLang's server and S-LoRA's server, DeltaServe runs in the engine process that steps the
 model (vLLM's EngineCore, SGLang's scheduler, S-LoRA's router). What happens there does not depend on the engine
-and lives here: the job file is loaded, its publish folder made, the latency model chosen by one policy, the
-:class:`~deltaserve_core.coserve.CoServer` built and started, its metrics exported, and a stop turned into a final
-checkpoint within the time the engine's server waits for it. An adapter's serving module builds its host (the
-engine translation) and says what its engine allows: whether calibration can run in place, how a stop reaches
-the engine's loop, what to clean up.
+and lives here: the jobs are loaded (the job file's, and those created over HTTP that a restart resumes), their
+publish folders made, the latency model chosen by one policy, each job's
+:class:`~deltaserve_core.coserve.CoServer` built on one :class:`~deltaserve_core.job_sharing.JobSharing` and
+started, their metrics exported, the jobs API answered (a create adds a job while others train, up to
+``jobs.max_concurrent``), and a stop turned into final checkpoints within the time the engine's server waits for
+them. An adapter's serving module builds its host (the engine translation) and says what its engine allows: whether
+calibration can run in place, how a stop reaches the engine's loop, what to clean up.
 
 The latency-model policy: the stored calibration profile of this host (same model path, dtype and device) when
 there is one. Without one, the host is calibrated in place, with progress, where the engine lets DeltaServe step
 it before the serving loop starts (SGLang); where the serving loop owns every step from the start (vLLM's
-EngineCore, S-LoRA's router), start-up stops with the one command that stores a profile.
+EngineCore, S-LoRA's router), start-up stops with the one command that stores a profile. Every job has a model of
+its own (each refits it from the steps it sees): a job that joins loads the stored profile, else copies the model
+of a job already running.
 """
-
 from __future__ import annotations
 
+import copy
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +33,8 @@ from .hostkit import publish_dir
 from .job_config import JobConfig, JobConfigError, load_job_config
 from .job_control import JobCallError, job_call
 from .job_create import (CreatedJob, JobsSettings, config_error, current_suffix, forget_created, job_from_request,
-                         save_created)
+                         operator_state, save_created, save_operator_state)
+from .job_sharing import JobSharing
 
 if TYPE_CHECKING:
     from .calibration import CalibrationProfile, ProfileKey
@@ -80,32 +85,82 @@ def route_logs(handlers: Iterable[logging.Handler], names: Iterable[str] = ("del
         ours.propagate = False
 
 
-class EngineRuntime:
-    """The CoServer of one engine server process, from the job file to the final checkpoint, and the jobs created
-    over HTTP after it (one at a time).
+class _EndedJob:
+    """What the jobs API still answers for a job that ended and was removed from the host to make room for a new
+    one: its last status, events and checkpoints (its files stay on disk)."""
 
-    Lifecycle: construct (job loaded, publish folder made) -> :meth:`start` with the adapter's host ->
-    :meth:`job_call` for the jobs API (a create starts the next job once the previous one ended) ->
-    :meth:`begin_stop` (from a signal handler or the engine's own shutdown request) -> :meth:`stop` (final
-    checkpoint, then cleanup). ``grace_s``: how long the engine's server waits for this process after it asked it
-    to stop; :meth:`stop` spends at most half of what is left on the job's shutdown, so the save still fits."""
+    def __init__(self, co: Any) -> None:
+        co.refresh()
+        self.job_id: str = co.job_id
+        self.events = co.events
+        self.job = co.job
+        self._status = co.job_status()
+        self._checkpoints = co.job_checkpoints()
+
+    def refresh(self) -> None:
+        pass
+
+    def job_status(self) -> dict[str, Any]:
+        return dict(self._status)
+
+    def job_checkpoints(self) -> list[dict[str, Any]]:
+        return list(self._checkpoints)
+
+    def _refuse(self, op: str) -> dict[str, Any]:
+        raise JobCallError(409, f"cannot {op} job {self.job_id}: it is {self._status['status']}",
+                           code="job_not_active", param="id")
+
+    def pause(self) -> dict[str, Any]:
+        return self._refuse("pause")
+
+    def resume(self) -> dict[str, Any]:
+        return self._refuse("resume")
+
+    def cancel(self) -> dict[str, Any]:
+        return self.job_status() if self._status["status"] == "cancelled" else self._refuse("cancel")
+
+
+_ENDED = ("succeeded", "failed", "cancelled")
+StartupJobs = Sequence[tuple[JobConfig, CreatedJob | None]]
+
+
+class EngineRuntime:
+    """The fine-tuning jobs of one engine server process, from the job files to their final checkpoints: the job
+    the server was started with, the jobs created over HTTP, and the jobs a restart resumes, all on one
+    :class:`~deltaserve_core.job_sharing.JobSharing` (also when there is one job: one code path; a job alone holds
+    the fine-tuning rows at every step, as a CoServer alone on the host would).
+
+    Lifecycle: construct (jobs loaded, publish folders made) -> :meth:`start` with the adapter's host (the
+    JobSharing installed, every startup job started, a paused one paused again) -> :meth:`job_call` for the jobs
+    API (a create starts another job while up to ``jobs.max_concurrent`` are active) -> :meth:`begin_stop` (from a
+    signal handler or the engine's own shutdown request) -> :meth:`stop` (final checkpoints, then cleanup).
+    ``grace_s``: how long the engine's server waits for this process after it asked it to stop; :meth:`stop`
+    spends at most half of what is left on each job's shutdown, so the saves still fit."""
 
     def __init__(self, job: JobConfig | str | Path | None, *, engine: str, grace_s: float, log_every_s: float = 10.0,
                  where: str | None = None, dp_rank: int | None = None, jobs: JobsSettings | None = None,
-                 created: CreatedJob | None = None, served_models: tuple[str, ...] = (), engines: int = 1) -> None:
+                 created: CreatedJob | None = None, served_models: tuple[str, ...] = (), engines: int = 1,
+                 startup: StartupJobs | None = None) -> None:
         """``engine``: the host's short name; ``where``: the process, as the start line names it; ``dp_rank``: this
         engine's rank in a data-parallel job (None for a job of one replica).
 
         ``job``: the job to start with (None: none until one is created, which needs ``jobs``); ``jobs``: the
-        operator's settings for jobs created over HTTP; ``created``: ``job``'s record when it was created over HTTP
-        (:func:`~deltaserve_core.job_create.startup_job`); ``served_models``: the names a create's ``model`` may
-        give (the first is named in refusals); ``engines``: how many engines of this server run the job (a create
-        reaches only one job of one engine, so it is refused for more)."""
-        if job is None and jobs is None:
+        operator's settings for jobs created over HTTP; ``created``: ``job``'s record when it was created over HTTP;
+        ``startup``: every job to start with and its record (:func:`~deltaserve_core.job_create.startup_jobs`), in
+        place of ``job`` and ``created``; ``served_models``: the names a create's ``model`` may give (the first is
+        named in refusals); ``engines``: how many engines of this server run the job (a create reaches only one
+        job of one engine, so it is refused for more)."""
+        if startup is None:
+            first = job if isinstance(job, JobConfig) or job is None else load_job_config(job)
+            startup = [(first, created)] if first is not None else []
+        if not startup and jobs is None:
             raise ValueError("EngineRuntime needs a job, or the jobs settings under which one can be created")
-        self.job: JobConfig | None = job if isinstance(job, JobConfig) or job is None else load_job_config(job)
+        self._startup: list[tuple[JobConfig, dict[str, Any] | None]] = [
+            (j, c.record if c is not None else None) for j, c in startup]
+        #: the first job (the job file's, else the oldest resumed); the host's scratch space and first publish
+        #: folder are its
+        self.job: JobConfig | None = self._startup[0][0] if self._startup else None
         self.jobs = jobs
-        self.created = created.record if created is not None else None
         self.served_models = served_models
         self.engines = engines
         self.engine = engine
@@ -113,39 +168,57 @@ class EngineRuntime:
         self.where = where or f"the {engine} engine"
         if dp_rank is not None:
             self.where += f" of data-parallel rank {dp_rank}"
+        if engines > 1 and len(self._startup) > 1:
+            raise ValueError("a data-parallel server runs one job; remove the created jobs from its jobs folder")
         self.grace_s = float(grace_s)
         self.log_every_s = float(log_every_s)
         self.publish_root: Path | None = None
+        for j, _ in self._startup:
+            publish_dir(j).mkdir(parents=True, exist_ok=True)
         if self.job is not None:
             self.publish_root = publish_dir(self.job)
-            self.publish_root.mkdir(parents=True, exist_ok=True)
         #: scratch space of the engine's host (the reserved adapter's folder); removed at stop. The ranks of a
-        #: data-parallel job share checkpoint.dir, so each rank has its own. It stays where it is when a created
-        #: job follows: the host keeps the folder it was given.
+        #: data-parallel job share checkpoint.dir, so each rank has its own.
         rank = "" if dp_rank is None else f"-rank-{dp_rank}"
         scratch = Path(self.job.checkpoint.dir) if self.job is not None else jobs.dir  # type: ignore[union-attr]
         self.work_dir = scratch / f".serve-{engine}{rank}"
         self.host: HostHooks | None = None
-        self.coserver: Any = None
+        self.sharing: JobSharing | None = None
+        #: every job of this run by id, in the order they started: a CoServer on the sharing, or what is left of one
+        #: that ended and was removed (:class:`_EndedJob`)
+        self._known: dict[str, Any] = {}
+        self._records: dict[str, dict[str, Any]] = {}  # a created job's create record, by job id
+        self._exporters: dict[str, Any] = {}  # each job's metrics exporter, by job id
+        self._ended_noted: set[str] = set()  # jobs whose end is recorded for a restart
         self._start_options: dict[str, Any] = {}
-        self.metrics: Any = None
         self._cleanups: list[Callable[[], None]] = []
         self._on_begin_stop: list[Callable[[], None]] = []
         self._stop_signalled_at: float | None = None
         self._stopped = False
         self._lock = threading.Lock()
 
+    @property
+    def coservers(self) -> tuple[Any, ...]:
+        """The jobs on the host now (running, paused, or ended but not yet removed), in the order they started."""
+        return self.sharing.jobs if self.sharing is not None else ()
+
+    @property
+    def coserver(self) -> Any:
+        """The newest job on the host (None: none): what an adapter that runs one job at a time drives."""
+        jobs = self.coservers
+        return jobs[-1] if jobs else None
+
     # ------------------------------------------------------------------------------------ start
 
     def start(self, host: HostHooks, *, calibration: Mapping[str, Any] | None = None,
               calibrate_command: str | None = None, latency_model: LatencyModel | None = None,
               metrics: bool = True, metrics_snapshot: str | None = None, **coserver_options: Any) -> None:
-        """Build and start the job on ``host``.
+        """Install the job sharing on ``host`` and start every startup job.
 
         ``calibration``: the engine can be calibrated in place now (settings for
         :func:`~deltaserve_core.calibration.load_or_calibrate`); otherwise ``calibrate_command`` is the command
         that stores a profile, named when none is stored (or ``latency_model``: the stored one, already loaded by
-        an adapter that must refuse before it patches anything). ``metrics``: export the job's metrics the way
+        an adapter that must refuse before it patches anything). ``metrics``: export each job's metrics the way
         this engine's server serves them (:func:`deltaserve_core.metrics.start_exporter`). Without a job the
         host only waits for one to be created."""
         if calibration is None and calibrate_command is None and latency_model is None:
@@ -153,38 +226,59 @@ class EngineRuntime:
         self.host = host
         self._start_options = {"calibrate_command": calibrate_command, "metrics": metrics,
                                "metrics_snapshot": metrics_snapshot, "coserver_options": coserver_options}
-        if self.job is None:
+        self.sharing = JobSharing(host).start()
+        if not self._startup:
             log.info("DeltaServe started in %s without a fine-tuning job: create one with POST /v1/fine_tuning/jobs "
                      "(training files from %s)", self.where, self.jobs.data_dir if self.jobs else None)
             return
-        latency = latency_model
-        if latency is None and calibration is None:
-            latency = stored_latency_model(host, calibrate_command or "")
-        settings = dict(calibration or {})
-        settings.setdefault("progress", True)
-        self._run_job(self._coserver_for(self.job, latency, settings if latency is None else None))
+        for i, (job, record) in enumerate(self._startup):
+            if i == 0:  # the first job calibrates in place when the engine allows it and no profile is stored
+                latency = latency_model
+                if latency is None and calibration is None:
+                    latency = stored_latency_model(host, calibrate_command or "")
+                settings = dict(calibration or {})
+                settings.setdefault("progress", True)
+                co = self._add_job(job, latency, settings if latency is None else None)
+            else:
+                co = self._add_job(job, self._latency_for_new_job(), None)
+            self._run_job(co, record)
+            if operator_state(job).get("paused") and co.job_status()["status"] not in _ENDED:
+                co.pause()
+                co.events.add("info", "kept paused across the restart: resume it to train again")
 
-    def _coserver_for(self, job: JobConfig, latency: LatencyModel | None,
-                      calibration: Mapping[str, Any] | None) -> Any:
-        from .coserve import CoServer
+    def _add_job(self, job: JobConfig, latency: LatencyModel | None, calibration: Mapping[str, Any] | None) -> Any:
+        assert self.sharing is not None
+        return self.sharing.add(job, latency_model=latency, calibration=calibration, log_every_s=self.log_every_s,
+                                dp_rank=self.dp_rank, **self._start_options["coserver_options"])
 
-        return CoServer(self.host, job, latency_model=latency, calibration=calibration, log_every_s=self.log_every_s,
-                        dp_rank=self.dp_rank, **self._start_options["coserver_options"])
-
-    def _run_job(self, coserver: Any) -> None:
-        self.coserver = coserver
-        coserver.start()
+    def _run_job(self, co: Any, record: dict[str, Any] | None) -> None:
+        """Start ``co`` (forgotten again if its start fails) and export its metrics."""
+        assert self.sharing is not None
+        try:
+            co.start()
+        except BaseException:
+            self.sharing.remove(co)
+            raise
+        self._known[co.job_id] = co
+        if record is not None:
+            self._records[co.job_id] = record
         if self._start_options["metrics"]:
-            from .metrics import start_exporter
+            from .metrics import job_snapshot_path, start_exporter
 
-            self.metrics = start_exporter(coserver, snapshot_path=self._start_options["metrics_snapshot"])
-        job = coserver.job
-        log.info("DeltaServe co-serving started in %s: dataset %s, adapter %s, checkpoints in %s",
-                 self.where, job.dataset, job.adapter_name, job.checkpoint.dir)
+            snapshot = self._start_options["metrics_snapshot"]
+            exporter = start_exporter(co, snapshot_path=job_snapshot_path(snapshot, co.job.adapter_name)
+                                      if snapshot else None)
+            if exporter is not None:
+                self._exporters[co.job_id] = exporter
+        job = co.job
+        log.info("DeltaServe co-serving started in %s: job %s, dataset %s, adapter %s, checkpoints in %s",
+                 self.where, co.job_id, job.dataset, job.adapter_name, job.checkpoint.dir)
 
-    def job_changed(self, job: JobConfig) -> None:
-        """A created job replaces the previous one on this engine's host (before it starts): an adapter points what
-        its host keeps per job (the publish folder) at ``job``'s."""
+    @property
+    def metrics(self) -> Any:
+        """The newest job's metrics exporter (None: its metrics are not exported)."""
+        co = self.coserver
+        return self._exporters.get(co.job_id) if co is not None else None
 
     def preflight_job(self, job: JobConfig) -> None:
         """What the server's start-up checks of a job file, for a created job (raises
@@ -197,31 +291,52 @@ class EngineRuntime:
     # ------------------------------------------------------------------------------------ the jobs API
 
     def job_call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One jobs-API call against this engine's job (:func:`~deltaserve_core.job_control.job_call`'s answer
-        shape), ``create`` included; runs on the thread that drives the engine's steps."""
+        """One jobs-API call against this engine's jobs (:func:`~deltaserve_core.job_control.job_call`'s answer
+        shape), ``create`` included; runs on the thread that drives the engine's steps. A pause, resume or cancel
+        is kept beside the job's checkpoints, so a restart leaves the job as the operator did."""
         if op == "create":
             try:
                 return {"result": self._annotated(self._create((args or {}).get("body")))}
             except JobCallError as exc:
                 return exc.as_dict()
-        answer = job_call([self.coserver] if self.coserver is not None else [], op, args)
+        answer = job_call(list(self._known.values()), op, args)
         if "result" in answer:
             result = answer["result"]
+            if op in ("pause", "resume", "cancel"):
+                self._keep_operator_state(self._known[result["id"]], op, result["status"])
+            for job in result if isinstance(result, list) else [result]:
+                self._note_if_ended(job)
             answer["result"] = ([self._annotated(j) for j in result] if isinstance(result, list)
                                 else self._annotated(result))
         return answer
+
+    def _keep_operator_state(self, co: Any, op: str, status: str) -> None:
+        try:
+            # a cancel is final from the request on: a restart before its checkpoint lands must not train on
+            save_operator_state(co.job, paused=status == "paused", ended="cancelled" if op == "cancel" else None)
+        except OSError as exc:  # the call itself took effect; only a restart would not know it
+            log.warning("DeltaServe: could not keep job %s's state for a restart: %s", co.job_id, exc)
 
     def _annotated(self, result: Any) -> Any:
         """A job object with what only its create request said (its metadata; its creation time, kept across
         restarts)."""
         if not isinstance(result, dict) or result.get("object") != "fine_tuning.job":
             return result
-        record = self.created if self.coserver is not None and result.get("id") == self.coserver.job_id else None
+        record = self._records.get(result.get("id"))  # type: ignore[arg-type]
         result["metadata"] = record.get("metadata") if record else None
         if record:
             result["created_at"] = record["created_at"]
             result["user_provided_suffix"] = record["suffix"]
         return result
+
+    def _active(self) -> list[Any]:
+        """The jobs that count against ``jobs.max_concurrent``: every one not succeeded, failed or cancelled."""
+        out = []
+        for co in self.coservers:
+            co.refresh()
+            if co.job_status()["status"] not in _ENDED:
+                out.append(co)
+        return out
 
     def _create(self, body: Any) -> dict[str, Any]:
         if self.jobs is None or self.jobs.data_dir is None:
@@ -233,63 +348,83 @@ class EngineRuntime:
             raise JobCallError(501, "creating a job over HTTP is not offered under data parallelism yet: declare the "
                                "job in the job file the server starts with (docs/scaling.md)",
                                code="create_unsupported_data_parallel")
-        if self.stopping:
+        if self.stopping or self.sharing is None:
             raise JobCallError(503, "the server is stopping", type="service_unavailable", code="server_stopping")
-        old = self.coserver
-        if old is not None:
-            old.refresh()
-            status = old.job_status()["status"]
-            if status not in ("succeeded", "failed", "cancelled"):
-                raise JobCallError(409, f"job {old.job_id} is {status}: this server runs one fine-tuning job at a "
-                                   "time (several concurrent jobs are a later step of DeltaServe); cancel it (POST "
-                                   f"/v1/fine_tuning/jobs/{old.job_id}/cancel) or wait for it to end",
-                                   code="job_active")
+        active = self._active()
+        limit = self.jobs.max_concurrent
+        if len(active) >= limit:
+            ids = ", ".join(f"{co.job_id} ({co.job_status()['status']})" for co in active)
+            setting = self.jobs.limit_setting
+            raise JobCallError(409, f"{len(active)} fine-tuning job(s) active on this server ({ids}) and {setting} "
+                               f"is {limit}: cancel one (POST /v1/fine_tuning/jobs/<id>/cancel), wait for one to end, "
+                               f"or start the server with a higher {setting}", code="job_limit_reached")
         created = job_from_request(body, self.jobs, served_models=self.served_models,
-                                   taken=(old.job.adapter_name,) if old is not None else ())
+                                   taken=tuple(k.job.adapter_name for k in self._known.values()))
         try:
             self.preflight_job(created.job)
         except JobConfigError as exc:
             raise config_error(exc) from None
-        coserver = self._new_coserver(created.job, old)
-        previous = current_suffix(self.jobs)
-        save_created(created, self.jobs)
-        if old is not None:
-            old.close()  # it ended: its final checkpoint is written, its published versions stay on disk
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        self.coserver, self.job, self.created = None, created.job, created.record
-        self.publish_root = publish_dir(created.job)
-        self.publish_root.mkdir(parents=True, exist_ok=True)
-        self.job_changed(created.job)
+        self._drop_ended()  # their backward processes go; what the API shows of them stays
+        latency = self._latency_for_new_job()
         try:
-            self._run_job(coserver)
-        except Exception as exc:  # noqa: BLE001 - the client's 500; the engine and its inference go on
-            log.exception("DeltaServe: the created job %s did not start", coserver.job_id)
-            forget_created(created, self.jobs, previous)
-            self.coserver = None
-            raise JobCallError(500, f"job {coserver.job_id} did not start: {exc}", type="server_error",
-                               code="job_start_failed") from None
-        coserver.events.add("info", f"created over HTTP (training file {created.record['training_file']})")
-        return coserver.job_status()
-
-    def _new_coserver(self, job: JobConfig, previous: Any) -> Any:
-        """The created job's controller, its dataset loaded (a bad one is the client's 400 before anything stops),
-        priced by the latency model the previous job ended with, else the stored profile."""
-        latency = previous.model if previous is not None else None
-        if latency is None:
-            host: Any = self.host
-            command = (self._start_options["calibrate_command"]
-                       or f"deltaserve calibrate --host {self.engine} --model {host.model_spec().path}")
-            try:
-                latency = stored_latency_model(host, command)
-            except MissingCalibrationError as exc:
-                raise JobCallError(409, str(exc), code="calibration_missing") from None
-        try:
-            return self._coserver_for(job, latency, None)
-        except (ValueError, OSError) as exc:
+            co = self._add_job(created.job, latency, None)
+        except (ValueError, OSError) as exc:  # JobConfigError included: a bad dataset is the client's 400
             raise JobCallError(400, f"training_file: not a usable dataset: {exc}", code="invalid_training_file",
                                param="training_file") from None
+        previous = current_suffix(self.jobs)
+        save_created(created, self.jobs)
+        try:
+            self._run_job(co, created.record)
+        except Exception as exc:  # noqa: BLE001 - the client's 500; the engine, its inference and other jobs go on
+            log.exception("DeltaServe: the created job %s did not start", co.job_id)
+            forget_created(created, self.jobs, previous)
+            raise JobCallError(500, f"job {co.job_id} did not start: {exc}", type="server_error",
+                               code="job_start_failed") from None
+        co.events.add("info", f"created over HTTP (training file {created.record['training_file']})")
+        return co.job_status()
+
+    def _drop_ended(self) -> None:
+        """Remove the jobs that ended from the host (their final checkpoints are written); the API keeps answering
+        for them from what they last said."""
+        assert self.sharing is not None
+        for co in self.sharing.jobs:
+            co.refresh()
+            status = co.job_status()["status"]
+            if status not in _ENDED:
+                continue
+            self._known[co.job_id] = _EndedJob(co)
+            self._keep_ended(co, status)
+            exporter = self._exporters.pop(co.job_id, None)
+            if exporter is not None:
+                exporter.close()  # its final values stay on /metrics
+            self.sharing.remove(co)
+
+    def _note_if_ended(self, job: Any) -> None:
+        """Record a job seen ended (a crash before the stop's own record then does not start it again)."""
+        if isinstance(job, dict) and job.get("status") in _ENDED and job.get("id") not in self._ended_noted:
+            co = self._known.get(job["id"])
+            if co is not None:
+                self._keep_ended(co, job["status"])
+
+    def _keep_ended(self, co: Any, status: str) -> None:
+        self._ended_noted.add(co.job_id)
+        try:
+            save_operator_state(co.job, paused=False, ended=status)
+        except OSError as exc:
+            log.warning("DeltaServe: could not record that job %s is %s: %s", co.job_id, status, exc)
+
+    def _latency_for_new_job(self) -> LatencyModel:
+        """A latency model of its own for a job that joins: the stored profile of this host, else a copy of the
+        model a running job has refit (each job refits its own from every step record)."""
+        host: Any = self.host
+        command = (self._start_options["calibrate_command"]
+                   or f"deltaserve calibrate --host {self.engine} --model {host.model_spec().path}")
+        try:
+            return stored_latency_model(host, command)
+        except MissingCalibrationError as exc:
+            if self.coservers:
+                return copy.deepcopy(self.coservers[-1].model)
+            raise JobCallError(409, str(exc), code="calibration_missing") from None
 
     def on_begin_stop(self, fn: Callable[[], None]) -> None:
         """Also run ``fn`` when a stop begins (it must only set flags: it may run in a signal handler)."""
@@ -305,8 +440,8 @@ class EngineRuntime:
 
     @property
     def wants_steps(self) -> bool:
-        """Whether the engine's loop should keep stepping for the job (fine-tuning-only steps)."""
-        return not self.stopping and self.coserver is not None and bool(self.coserver.wants_steps)
+        """Whether the engine's loop should keep stepping for its jobs (fine-tuning-only steps)."""
+        return not self.stopping and self.sharing is not None and bool(self.sharing.wants_steps)
 
     # ------------------------------------------------------------------------------------ stop
 
@@ -335,8 +470,8 @@ class EngineRuntime:
         Only sets flags: it runs in a signal handler."""
         if self._stop_signalled_at is None:
             self._stop_signalled_at = time.monotonic()
-        if self.coserver is not None:
-            self.coserver.stop_admission()
+        for co in self.coservers:
+            co.stop_admission()
         for fn in self._on_begin_stop:
             fn()
 
@@ -359,12 +494,23 @@ class EngineRuntime:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
         try:
-            if self.coserver is not None:
-                self.coserver.stop_admission()
-                self.coserver.shutdown(timeout_s=self.stop_timeout_s())
+            for co in self.coservers:
+                co.stop_admission()
+            for co in self.coservers:
+                # read before the shutdown closes its backward, after which it can no longer tell it finished
+                co.refresh()
+                status = co.job_status()["status"]
+                if status in _ENDED:
+                    self._keep_ended(co, status)
+                try:  # each job's save in half of what is left: the later ones still get time
+                    co.shutdown(timeout_s=self.stop_timeout_s())
+                except Exception:  # noqa: BLE001 - one job's failed save must not cost the others theirs
+                    log.exception("DeltaServe: the final checkpoint of job %s failed", co.job_id)
+            if self.sharing is not None:
+                self.sharing.close()  # the hooks go; every job is shut down already
         finally:
-            if self.metrics is not None:
-                self.metrics.close()  # the last values, the final checkpoint included
+            for exporter in self._exporters.values():
+                exporter.close()  # the last values, the final checkpoint included
             for fn in reversed(self._cleanups):
                 try:
                     fn()

@@ -44,7 +44,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import HostConfig
 from deltaserve_core.hostkit import published_name
 from deltaserve_core.job_config import JobConfig
-from deltaserve_core.job_create import CreatedJob, JobsSettings, startup_job
+from deltaserve_core.job_create import CreatedJob, JobsSettings, startup_jobs
 from deltaserve_core.runtime import EngineRuntime
 
 from .host import SglangHost
@@ -67,6 +67,9 @@ DEFAULT_GRACE_S = 30.0
 ENV_JOBS_DATA_DIR = "DELTASERVE_JOBS_DATA_DIR"
 #: Where created jobs are kept (default ``deltaserve-jobs`` in the launching directory), so a restart resumes them.
 ENV_JOBS_DIR = "DELTASERVE_JOBS_DIR"
+#: How many fine-tuning jobs may be active at once (default 1), the job file's included; a create past it is 409.
+ENV_JOBS_MAX_CONCURRENT = "DELTASERVE_JOBS_MAX_CONCURRENT"
+_JOBS_ENV = (("data_dir", ENV_JOBS_DATA_DIR), ("dir", ENV_JOBS_DIR), ("max_concurrent", ENV_JOBS_MAX_CONCURRENT))
 _HOW_TO_ENABLE_JOBS = (f"start SGLang with {ENV_JOBS_DATA_DIR}=/data in its environment (with or without {ENV_JOB}): "
                        "training files are then read from inside that folder")
 
@@ -77,22 +80,23 @@ def enabled() -> bool:
 
 
 def jobs_settings() -> JobsSettings:
-    """The settings of jobs created over HTTP, from :data:`ENV_JOBS_DATA_DIR` and :data:`ENV_JOBS_DIR` (relative
-    paths against the working directory; the scheduler inherits the launcher's). Raises ``ValueError`` naming the
-    variable."""
-    raw = {key: os.environ[env] for key, env in (("data_dir", ENV_JOBS_DATA_DIR), ("dir", ENV_JOBS_DIR))
-           if os.environ.get(env)}
+    """The settings of jobs created over HTTP, from :data:`ENV_JOBS_DATA_DIR`, :data:`ENV_JOBS_DIR` and
+    :data:`ENV_JOBS_MAX_CONCURRENT` (relative paths against the working directory; the scheduler inherits the
+    launcher's). Raises ``ValueError`` naming the variable."""
+    raw = {key: os.environ[env] for key, env in _JOBS_ENV if os.environ.get(env)}
     try:
         return JobsSettings.from_mapping(raw, base=Path.cwd(), where="the jobs settings",
-                                         how_to_enable=_HOW_TO_ENABLE_JOBS)
+                                         how_to_enable=_HOW_TO_ENABLE_JOBS, limit_setting=ENV_JOBS_MAX_CONCURRENT)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("the jobs settings.data_dir", ENV_JOBS_DATA_DIR)
-                         .replace("the jobs settings.dir", ENV_JOBS_DIR)) from None
+        message = str(exc)
+        for key, env in _JOBS_ENV:
+            message = message.replace(f"the jobs settings.{key}", env)
+        raise ValueError(message) from None
 
 
-def _startup_job() -> tuple[JobConfig | None, CreatedJob | None]:
+def _startup_jobs() -> list[tuple[JobConfig, CreatedJob | None]]:
     jobs = jobs_settings()
-    return startup_job(os.environ.get(ENV_JOB) or None, jobs if jobs.data_dir is not None else None)
+    return startup_jobs(os.environ.get(ENV_JOB) or None, jobs if jobs.data_dir is not None else None)
 
 
 def shutdown_grace_s() -> float:
@@ -157,21 +161,23 @@ def preflight(server_args: Any) -> JobConfig | None:
     from deltaserve_core.preflight import check_job, check_local_files
 
     try:
-        job, _ = _startup_job()
+        every_job = [j for j, _ in _startup_jobs()]
         problems = server_args_problems(server_args)
         if problems:
             raise ValueError("DeltaServe needs SGLang started with " + "; ".join(problems))
         shutdown_grace_s()
-        if job is None:
+        if not every_job:
             _LAUNCHER["job"] = job_path
             return None
-        check_local_files(job)
-        problems = _lora_target_problems(job, server_args)
-        if problems:
-            raise JobConfigError(f"job config: {problems[0]}")
-        rank = getattr(server_args, "max_lora_rank", None)
-        check_job(job, str(server_args.model_path), max_lora_rank=int(rank) if rank else None,
-                  how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
+        for job in every_job:
+            check_local_files(job)
+            problems = _lora_target_problems(job, server_args)
+            if problems:
+                raise JobConfigError(f"job config: {problems[0]}")
+            rank = getattr(server_args, "max_lora_rank", None)
+            check_job(job, str(server_args.model_path), max_lora_rank=int(rank) if rank else None,
+                      how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
+        job = every_job[0]
     except ValueError as exc:
         # the traceback SGLang prints next ends in this message too; this line is the one to read
         log.error("DeltaServe refuses to start (%s=%s): %s", ENV_JOB, job_path, exc)
@@ -267,17 +273,16 @@ class ServeRuntime(EngineRuntime):
     """The CoServer of one SGLang scheduler process."""
 
     def __init__(self, scheduler: Any) -> None:
-        job, created = _startup_job()
         sa = scheduler.server_args
-        super().__init__(job, engine="sglang", grace_s=shutdown_grace_s(), where="the SGLang scheduler",
-                         jobs=jobs_settings(), created=created,
+        super().__init__(None, engine="sglang", grace_s=shutdown_grace_s(), where="the SGLang scheduler",
+                         jobs=jobs_settings(), startup=_startup_jobs(),
                          served_models=tuple(dict.fromkeys(str(n) for n in (
                              getattr(sa, "served_model_name", None), sa.model_path) if n)))
         self.scheduler = scheduler
         self.serve_host = ServeHost(scheduler, self.publish_root)
-        if self.job is not None:
+        for job, _ in self._startup:
             # before the backward starts: it would otherwise die on a tensor-size mismatch or train nothing
-            self.preflight_job(self.job)
+            self.preflight_job(job)
 
     def preflight_job(self, job: JobConfig) -> None:
         from deltaserve_core.job_config import JobConfigError
@@ -288,9 +293,6 @@ class ServeRuntime(EngineRuntime):
             raise JobConfigError(f"job config: {problems[0]}")
         check_job(job, self.serve_host.config.model, max_lora_rank=self.serve_host.config.max_lora_rank,
                   how_to_raise_rank=f"or start SGLang with --max-lora-rank {job.lora.r}")
-
-    def job_changed(self, job: JobConfig) -> None:
-        self.serve_host.publish_to(self.publish_root)  # type: ignore[arg-type]
 
     def start(self) -> None:  # type: ignore[override]
         scheduler, host = self.scheduler, self.serve_host

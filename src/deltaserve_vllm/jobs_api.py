@@ -8,7 +8,8 @@ with ``VLLM_PLUGINS=deltaserve,deltaserve_jobs`` (the engine side, :mod:`.plugin
 Routes (OpenAI's shapes; DeltaServe's own fields under each job's ``deltaserve`` key)::
 
     GET  /v1/fine_tuning/jobs                       list (``data``, ``has_more``)
-    POST /v1/fine_tuning/jobs                       create (one job at a time; not under data parallelism)
+    POST /v1/fine_tuning/jobs                       create (beside running jobs, up to jobs.max_concurrent;
+                                                    not under data parallelism)
     GET  /v1/fine_tuning/jobs/{id}                  one job (``fine_tuning.job``)
     POST /v1/fine_tuning/jobs/{id}/pause|resume|cancel
     GET  /v1/fine_tuning/jobs/{id}/events?after=&limit=       newest first, paged
@@ -113,7 +114,8 @@ class JobsApiPlugin:
 
 def _serve_published_versions(job: dict[str, Any]) -> None:
     """A created job's published versions are served by name from this process, as the declared job's are
-    (:mod:`.guard`; one job per server, so its namespace replaces the previous job's)."""
+    (:mod:`.guard`, which holds one job's namespace: the newest created job's replaces the previous one's; the
+    other jobs' versions stay on disk)."""
     from .guard import AdapterNamespace, install
 
     ds = job["deltaserve"]

@@ -117,7 +117,7 @@ def configure_engine_args(args: Any) -> bool:
     if extra.get(CONFIG_KEY) not in (None, SERVE_KEY):
         return True  # an in-process VllmHost configured this engine itself
 
-    from .serving import route_logs_to_vllm, startup_job
+    from .serving import route_logs_to_vllm, startup_jobs
     from .versions import check_supported_vllm
 
     route_logs_to_vllm()
@@ -126,7 +126,8 @@ def configure_engine_args(args: Any) -> bool:
     if isinstance(settings.get("job"), str):
         settings["job"] = str(Path(settings["job"]).expanduser().resolve())
     settings[JOBS_KEY] = jobs_settings(settings).as_mapping()
-    job, _ = startup_job(settings)  # refuses a bad config, naming the field and the fix
+    every_job = [j for j, _ in startup_jobs(settings)]  # refuses a bad config, naming the field and the fix
+    job = every_job[-1] if every_job else None  # the newest: its published versions are served by name
     for name, allowed in (("scheduler_cls", (_SCHEDULER, _ASYNC_SCHEDULER)),
                           ("worker_extension_cls", (_WORKER_EXTENSION,))):
         current = getattr(args, name)
@@ -154,13 +155,13 @@ def configure_engine_args(args: Any) -> bool:
         args.enable_lora = True
     args.max_loras = int(args.max_loras) + 1
     log.info("DeltaServe: max_loras raised to %d (one slot is pinned to the fine-tuning adapter)", args.max_loras)
-    if job is not None and job.lora.r > int(args.max_lora_rank):
-        raise ValueError(f"the job's LoRA rank {job.lora.r} exceeds --max-lora-rank {args.max_lora_rank}; start "
-                         f"vLLM with --max-lora-rank {job.lora.r} (or more)")
     from deltaserve_core.preflight import check_job
 
-    if job is not None:
-        check_job(job, args.model)  # target modules against a local model folder, resume against the checkpoint
+    for each in every_job:
+        if each.lora.r > int(args.max_lora_rank):
+            raise ValueError(f"job {each.adapter_name}'s LoRA rank {each.lora.r} exceeds --max-lora-rank "
+                             f"{args.max_lora_rank}; start vLLM with --max-lora-rank {each.lora.r} (or more)")
+        check_job(each, args.model)  # target modules against a local model folder, resume against the checkpoint
     if not current_platform.is_cpu():
         if not os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip():
             # V1 unless the operator chose: the worker extension follows both runners (runner_view), V2 is opt-in

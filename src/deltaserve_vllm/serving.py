@@ -36,7 +36,7 @@ from deltaserve_core.data_parallel import for_engine, resolve_rank
 from deltaserve_core.hostkit import published_name
 from deltaserve_core.job_config import JobConfig
 from deltaserve_core.job_create import CreatedJob, JobsSettings
-from deltaserve_core.job_create import startup_job as core_startup_job
+from deltaserve_core.job_create import startup_jobs as core_startup_jobs
 from deltaserve_core.runtime import EngineRuntime, route_logs
 from deltaserve_core.types import ProfileShape, StepRecord
 
@@ -55,6 +55,7 @@ __all__ = [
     "current_runtime",
     "start_runtime",
     "startup_job",
+    "startup_jobs",
 ]
 
 log = logging.getLogger("deltaserve.vllm")
@@ -147,12 +148,12 @@ class ServeRuntime(EngineRuntime):
         route_logs_to_vllm()
         settings = vllm_config.additional_config.get(SETTINGS_KEY) or {}
         shutdown_timeout = float(getattr(vllm_config, "shutdown_timeout", 0) or 0)
-        job, created, dp_rank, engines = _job_for_this_engine(settings, vllm_config)
+        startup, dp_rank, engines = _jobs_for_this_engine(settings, vllm_config)
         model_config = vllm_config.model_config
-        super().__init__(job, engine="vllm", where="the vLLM engine", dp_rank=dp_rank,
+        super().__init__(None, engine="vllm", where="the vLLM engine", dp_rank=dp_rank,
                          grace_s=shutdown_timeout or _UNSIGNALLED_STOP_S * 2,
                          log_every_s=float(settings.get("log_every_s", 10.0)), jobs=_jobs_settings(settings),
-                         created=created, engines=engines,
+                         startup=startup, engines=engines,
                          served_models=tuple(dict.fromkeys(str(n) for n in (
                              model_config.served_model_name, model_config.model) if n)))
         self.channel = channel
@@ -183,9 +184,6 @@ class ServeRuntime(EngineRuntime):
         # vLLM's EngineCore leaves its loop once the scheduler has no work; the idle step would be work forever,
         # so the signal must end it first (then vLLM's own handler runs).
         self.catch_stop_signals(chain=True)
-
-    def job_changed(self, job: JobConfig) -> None:
-        self.engine_host.publish_to(self.publish_root)  # type: ignore[arg-type]
 
     def preflight_job(self, job: JobConfig) -> None:
         from deltaserve_core.preflight import check_job
@@ -234,15 +232,35 @@ def _jobs_settings(settings: dict[str, Any]) -> JobsSettings:
 
     # the API server made every path absolute (plugin.configure_engine_args)
     return JobsSettings.from_mapping(settings.get(JOBS_KEY), base=Path.cwd(), where='"deltaserve".jobs',
-                                     how_to_enable=HOW_TO_ENABLE_JOBS)
+                                     how_to_enable=HOW_TO_ENABLE_JOBS,
+                                     limit_setting='--additional-config "deltaserve".jobs.max_concurrent')
+
+
+def startup_jobs(settings: dict[str, Any]) -> list[tuple[JobConfig, CreatedJob | None]]:
+    """The jobs this server starts with (:func:`deltaserve_core.job_create.startup_jobs`): the job file of
+    ``--additional-config``, then the jobs created over HTTP that had not ended, when creating is on; the same
+    answer in the API server and in every EngineCore."""
+    jobs = _jobs_settings(settings)
+    return core_startup_jobs(settings.get("job"), jobs if jobs.data_dir is not None else None)
 
 
 def startup_job(settings: dict[str, Any]) -> tuple[JobConfig | None, CreatedJob | None]:
-    """The job this server starts with (:func:`deltaserve_core.job_create.startup_job`): the newest job created
-    over HTTP when creating is on, else the job file of ``--additional-config``; the same answer in the API server
-    and in every EngineCore."""
-    jobs = _jobs_settings(settings)
-    return core_startup_job(settings.get("job"), jobs if jobs.data_dir is not None else None)
+    """The newest of :func:`startup_jobs` (None, None without one)."""
+    found = startup_jobs(settings)
+    return found[-1] if found else (None, None)
+
+
+def _jobs_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[
+        list[tuple[JobConfig, CreatedJob | None]], int | None, int]:
+    """The jobs with their create records, this EngineCore's data-parallel rank (None for jobs of one replica) and
+    how many engines this server runs (a data-parallel job runs alone: :func:`_job_for_this_engine`)."""
+    from .plugin import DATA_PARALLEL_KEY
+
+    found = startup_jobs(settings)
+    if not settings.get(DATA_PARALLEL_KEY) and not any(j.data_parallel.enabled for j, _ in found):
+        return found, None, 1
+    job, created, rank, engines = _job_for_this_engine(settings, vllm_config)
+    return ([(job, created)] if job is not None else []), rank, engines
 
 
 def _job_for_this_engine(settings: dict[str, Any], vllm_config: Any) -> tuple[

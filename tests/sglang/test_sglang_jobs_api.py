@@ -1,15 +1,20 @@
 """The fine-tuning jobs API in SGLang's own HTTP server (``/v1/fine_tuning/jobs``), against a real
-``python -m sglang.launch_server`` with ``DELTASERVE_JOB`` and ``--api-key``: the same routes, JSON and errors as
-under ``vllm serve`` (tests/test_vllm_jobs_api.py).
+``python -m sglang.launch_server`` with ``DELTASERVE_JOB``, ``--api-key`` and ``--enable-metrics``: the same routes,
+JSON and errors as under ``vllm serve`` (tests/test_vllm_jobs_api.py).
 
 One module-scoped server (API server and scheduler in separate processes, as in production), running a job long
-enough not to end by itself, with a checkpoint every 3 steps, and a data directory for jobs created over HTTP
-(``DELTASERVE_JOBS_DATA_DIR``). The tests run in file order on it: the key is needed; list and get show the job
-training; a create while it runs is refused (409); pause holds the optimizer step (compared across polls, never
-timed) and resume moves it again; events and checkpoints page newest first; cancel ends the job; bad creates are
-refused naming the field (a symlink out of the data directory among them); a created job trains and succeeds.
-Then the server is started again without a job file (a fresh jobs folder, the calibration the first start stored):
-it starts with no job, and a create starts one. Client requests are served throughout.
+enough not to end by itself, with a checkpoint every 3 steps, a data directory for jobs created over HTTP
+(``DELTASERVE_JOBS_DATA_DIR``) and room for two jobs (``DELTASERVE_JOBS_MAX_CONCURRENT=2``). The tests run in file
+order on it: the key is needed; list and get show the job training; pause holds the trained tokens (compared across
+polls, never timed) and resume moves them again; events and checkpoints page newest first. Then the operator's two
+jobs: a second job created over HTTP trains beside the first, a third is refused (the limit), pausing the first
+holds its trained tokens (API and /metrics) while the second's grow, cancelling the second ends it, /metrics shows
+each job's series; bad creates are refused naming the field (a symlink out of the data directory among them); a
+created job trains and succeeds in the room the cancelled one left. The server is stopped and started again with
+the same environment: the paused job comes back paused at its step, alone (the ended jobs stay ended), and trains
+once resumed; a request without the key is refused. Last, the server is started without a job file (a fresh jobs
+folder, the calibration the first start stored): it starts with no job, and a create starts one. Client requests
+are served throughout.
 
 The last tests mount the routes in this process, on SGLang's own app and key middleware, for what one server with
 one key cannot show: the admin key on the control routes, and the warnings of a server without a key or with
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from types import SimpleNamespace
 import uuid
@@ -31,10 +37,15 @@ import pytest
 
 from test_sglang_server import API_KEY, HAVE_SGLANG, _argv, _env, _free_port, _http, _Server
 from deltaserve_core.testing.servers import wait_until_up
+from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, metrics_show_each_job,
+                                            past_the_limit_is_refused, pause_one_the_other_trains,
+                                            second_job_trains_beside_the_first)
 
 pytestmark = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed (bash scripts/setup_sglang.sh)")
 
 JOB_ID = "ftjob-sgjobs"
+SECOND = "second"
+SECOND_ID = f"ftjob-{SECOND}"
 
 
 def _write_job(root: Path) -> Path:
@@ -57,7 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
     root = tmp_path_factory.mktemp("sglang-jobs-api")
     job = _write_job(root)
     env = dict(_env(job, uuid.uuid4().hex, root / "profiles"), DELTASERVE_JOBS_DATA_DIR=str(root / "data"),
-               DELTASERVE_JOBS_DIR=str(root / "jobs"))
+               DELTASERVE_JOBS_DIR=str(root / "jobs"), DELTASERVE_JOBS_MAX_CONCURRENT="2")
     info = {"root": root, "model": str(tiny_model), "env": env}
     _start(info, env, "server.log")
     yield info
@@ -67,7 +78,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
 
 def _start(info: dict, env: dict[str, str], log_name: str) -> None:
     port = _free_port()
-    proc = _Server(_argv(Path(info["model"]), port, "--api-key", API_KEY), env, info["root"] / log_name)
+    proc = _Server(_argv(Path(info["model"]), port, "--api-key", API_KEY, "--enable-metrics"), env,
+                   info["root"] / log_name)
     base = f"http://127.0.0.1:{port}"
     why = wait_until_up(f"{base}/health", proc.proc, 900, poll_s=2.0)
     if why:
@@ -141,13 +153,6 @@ def _create(server: dict, body: dict) -> tuple[int, Any]:
     return _http("POST", f"{server['base']}/v1/fine_tuning/jobs", body, key=API_KEY)
 
 
-def test_a_create_while_the_job_runs_is_refused(server: dict) -> None:
-    status, body = _create(server, _create_body(server))
-    assert status == 409 and body["error"]["code"] == "job_active", body
-    assert "one fine-tuning job at a time" in body["error"]["message"] and body["error"]["type"] == \
-        "invalid_request_error"
-
-
 def test_pause_holds_training_and_resume_restarts_it(server: dict) -> None:
     status, body = _api(server, "POST", f"/{JOB_ID}/pause")
     assert status == 200 and body["status"] == "paused", body
@@ -193,16 +198,40 @@ def test_checkpoints_are_paged_newest_first(server: dict) -> None:
     assert status == 400 and body["error"]["code"] == "invalid_cursor", body
 
 
-def test_cancel_ends_the_job(server: dict) -> None:
-    status, body = _api(server, "POST", f"/{JOB_ID}/cancel")
-    assert status == 200 and body["status"] in ("running", "cancelled"), body
-    job = _wait_for(server, lambda j: j["status"] == "cancelled", "cancelled")
-    assert job["finished_at"] is not None
-    status, page = _api(server, "GET", f"/{JOB_ID}/checkpoints")
-    assert status == 200 and page["data"][0]["step_number"] == job["deltaserve"]["step"], (page, job)
-    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
-    assert status == 409 and body["error"]["code"] == "job_not_active", body
+def _ops(server: dict) -> JobsApi:
+    return JobsApi(server["base"], API_KEY, lambda: None if server["server"].proc.poll() is None
+                   else server["server"].text()[-4000:])
+
+
+def _ids(server: dict) -> list[str]:
+    return _ops(server).ids()
+
+
+def test_a_second_job_trains_beside_the_first(server: dict) -> None:
+    body = _create_body(server, suffix=SECOND, hyperparameters={"n_epochs": 1000, "batch_size": 96})
+    assert second_job_trains_beside_the_first(_ops(server), JOB_ID, body) == SECOND_ID
     _served(server)
+
+
+def test_a_create_past_the_limit_is_refused(server: dict) -> None:
+    past_the_limit_is_refused(_ops(server), _create_body(server, suffix="third"), [JOB_ID, SECOND_ID],
+                              "DELTASERVE_JOBS_MAX_CONCURRENT")
+    assert not (server["root"] / "jobs" / "third").exists()  # nothing written
+
+
+def test_pausing_one_job_leaves_the_other_training(server: dict) -> None:
+    pause_one_the_other_trains(_ops(server), JOB_ID, SECOND_ID)
+    _served(server)
+
+
+def test_cancelling_the_other_ends_it(server: dict) -> None:
+    cancel_the_other(_ops(server), SECOND_ID, JOB_ID)
+    _served(server)
+
+
+def test_metrics_show_each_job(server: dict) -> None:
+    series = metrics_show_each_job(_ops(server), {JOB_ID: True, SECOND_ID: False}, multiprocess=True)
+    assert any(name.startswith("sglang:") for name in series)  # SGLang's own stay
 
 
 def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
@@ -216,16 +245,34 @@ def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
         status, body = _create(server, _create_body(server, **over))
         assert status == status_code and body["error"]["param"] == param, (over, body)
         assert words in body["error"]["message"], (over, body)
-    assert _job(server)["status"] == "cancelled"  # nothing started
+    assert _ids(server) == [JOB_ID, SECOND_ID]  # nothing started
 
 
 def test_a_created_job_trains_and_succeeds(server: dict) -> None:
     status, job = _create(server, _create_body(server, metadata={"k": "v"}))
     assert status == 200 and job["id"] == "ftjob-made" and job["metadata"] == {"k": "v"}, job
-    status, listed = _api(server, "GET", "")
-    assert status == 200 and [j["id"] for j in listed["data"]] == ["ftjob-made"], listed
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-made"]  # a cancelled job does not count to the limit
     done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed", job_id="ftjob-made")
     assert done["trained_tokens"] > 0 and done["deltaserve"]["step"] > 0, done
+    _served(server)
+
+
+def test_a_restarted_server_resumes_the_paused_job_paused(server: dict) -> None:
+    paused = _job(server)
+    assert paused["status"] == "paused"
+    server["server"].proc.send_signal(signal.SIGTERM)  # as an operator stops it: the final checkpoints
+    assert server["server"].wait_exit(120) is not None, server["server"].text()[-4000:]
+    _start(server, server["env"], "restart.log")
+    assert _ids(server) == [JOB_ID]  # the cancelled and the succeeded job are not started again
+    again = _job(server)
+    assert again["status"] == "paused" and again["deltaserve"]["step"] == paused["deltaserve"]["step"], again
+    status, body = _api(server, "POST", f"/{JOB_ID}/resume")
+    assert status == 200 and body["status"] == "running", body
+    _wait_for(server, lambda j: j["trained_tokens"] > paused["trained_tokens"], "training again after the restart")
+    events = _api(server, "GET", f"/{JOB_ID}/events?limit=1000")[1]["data"]
+    assert any("resumed from the checkpoint" in e["message"] for e in events), events
+    status, body = _api(server, "GET", "", key=None)
+    assert status == 401, body
     _served(server)
 
 

@@ -34,8 +34,9 @@ _UNTIL_A_VALUE = ("deltaserve_loss", "deltaserve_published_version", "deltaserve
 
 def assert_sane(series: Series, job: str, *, trained: bool = True, published: bool = True,
                 multiprocess: bool = False, rank: int | None = None) -> None:
-    """Every DeltaServe metric is on the page, each series labelled ``job`` and nothing per request, with values a
-    job can have: a ``trained`` one has steps, tokens and a finite loss; a ``published`` one a version.
+    """Every DeltaServe metric is on the page, each series labelled with a job and nothing per request, and ``job``'s
+    series (a server may run several jobs) with values a job can have: a ``trained`` one has steps, tokens and a
+    finite loss; a ``published`` one a version.
 
     ``multiprocess``: the page is prometheus_client's multiprocess collector's (SGLang, vLLM with several API
     servers), which knows a metric only from its series, so a gauge without a value yet is not listed at all.
@@ -53,13 +54,16 @@ def assert_sane(series: Series, job: str, *, trained: bool = True, published: bo
         return series[name][key]
 
     for m in METRICS:
-        for key in series.get(m.name, {}):
+        values = []
+        for key, value in series.get(m.name, {}).items():
             labels = dict(key)
-            assert labels.get(JOB_LABEL) == job and set(labels) == set(mine) | ({m.label} if m.label else set()), \
-                (m.name, key)
+            assert JOB_LABEL in labels, (m.name, key)  # every series is some job's; the others' are theirs to check
+            if labels[JOB_LABEL] != job:
+                continue
+            assert set(labels) == set(mine) | ({m.label} if m.label else set()), (m.name, key)
             if m.label:
                 assert labels[m.label] in m.values, (m.name, key)
-        values = list(series.get(m.name, {}).values())
+            values.append(value)
         assert all(math.isfinite(v) for v in values), (m.name, values)
         if m.kind == "counter":
             assert all(v >= 0 for v in values), (m.name, values)
