@@ -789,23 +789,28 @@ def check_report_step_time__duration_not_below_device_time(env: ConformanceEnv) 
     (a clock stopped at launch, or before the last layer, reports less)."""
     limit = (env.config.max_batch_tokens if env.config else 2048)
     n = max(16, min(400, limit // 5))
-    rec = Recorder()
-    env.install(rec)
-    requests = make_prompts(env, 4, seed=90, max_tokens=1, prefix="lower-bound")
-    requests = [ClientRequest(r.request_id, tuple((r.prompt_ids * (n // len(r.prompt_ids) + 1))[:n]), 1)
-                for r in requests]
-    env.run(requests)
-    prefill_steps = [r for r in rec.real_records() if r.prefill_lengths]
-    if not prefill_steps:
-        raise _fail(env, "report_step_time", "no prefill step was reported")
-    biggest = max(prefill_steps, key=lambda r: sum(r.prefill_lengths))
     caps = env.host.capabilities()  # type: ignore[attr-defined]
-    ref = env.independent.forward_seconds(biggest.prefill_lengths, caps.device, env.vocab_size)
-    if biggest.duration_s < _LOWER_BOUND_FRACTION * ref:
-        raise _fail(env, "report_step_time", f"step {biggest.step_id} (prefill lengths {list(biggest.prefill_lengths)})"
-                    f" reports {biggest.duration_s * 1e3:.3f} ms; a plain transformers forward of the same prefills "
-                    f"takes {ref * 1e3:.3f} ms on {caps.device}, and a device-complete step time is expected to be "
-                    f"at least {_LOWER_BOUND_FRACTION} of that: is the clock stopped before the device finishes?")
+    # A clock stopped early reports too little every time; a machine busy with other work can slow the reference
+    # forward (or speed nothing) once. So the step is judged up to three times and fails only if every try does.
+    for attempt in range(3):
+        rec = Recorder()
+        env.install(rec)
+        requests = make_prompts(env, 4, seed=90 + attempt, max_tokens=1, prefix=f"lower-bound-{attempt}")
+        requests = [ClientRequest(r.request_id, tuple((r.prompt_ids * (n // len(r.prompt_ids) + 1))[:n]), 1)
+                    for r in requests]
+        env.run(requests)
+        prefill_steps = [r for r in rec.real_records() if r.prefill_lengths]
+        if not prefill_steps:
+            raise _fail(env, "report_step_time", "no prefill step was reported")
+        biggest = max(prefill_steps, key=lambda r: sum(r.prefill_lengths))
+        ref = env.independent.forward_seconds(biggest.prefill_lengths, caps.device, env.vocab_size)
+        if biggest.duration_s >= _LOWER_BOUND_FRACTION * ref:
+            return
+    raise _fail(env, "report_step_time", f"step {biggest.step_id} (prefill lengths {list(biggest.prefill_lengths)})"
+                f" reports {biggest.duration_s * 1e3:.3f} ms; a plain transformers forward of the same prefills "
+                f"takes {ref * 1e3:.3f} ms on {caps.device}, and a device-complete step time is expected to be "
+                f"at least {_LOWER_BOUND_FRACTION} of that (three tries): is the clock stopped before the device "
+                "finishes?")
 
 
 #: How much faster than eager transformers (same prefills, same device) an engine's step may claim to be. Engines
