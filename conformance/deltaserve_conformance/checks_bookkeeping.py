@@ -16,7 +16,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientRequest
 from deltaserve_core.types import ProfileShape
 
-from .checks import _capture_problems, _fail, _inject_into_first_prefill, _token_times_and_steps, check
+from .checks import _capture_problems, _context_length, _fail, _inject_into_first_prefill, _token_times_and_steps, check
 from .harness import ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -283,6 +283,36 @@ def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -
         raise _fail(env, "driver", f"the output that stopped at EOS has {len(got)} tokens but {len(times)} "
                     f"token_times, the last {times[-1]} against finish_time {out.finish_time}; expected one time per "
                     "token, the EOS token's included, the last equal to finish_time")
+
+
+@check("driver")
+def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEnv) -> None:
+    """A request the host accepted is never lost: a prompt as long as a whole step's token budget (or, where the
+    checkpoint's context is shorter, as long as the context allows) is scheduled and served, its tokens the model's
+    greedy ones. Clients truncating to the engine's limit send exactly such prompts. Blind batch 2026-12-07b, h15: a
+    scheduler whose fit test is strict (``<``) where submit's is ``<=`` accepts it and never schedules it; the suite's
+    checkpoint has a shorter context than the default budget, so the re-run on the deep checkpoint (4096 positions)
+    is the one that reaches the budget."""
+    budget = env.config.max_batch_tokens if env.config is not None else 2048
+    max_tokens = 2
+    length = min(budget, _context_length(env) - max_tokens)
+    request = make_prompts(env, 1, seed=57, max_tokens=max_tokens, adapter_every=0, prefix="whole-budget",
+                           length_range=(length, length))[0]
+    try:
+        outputs = env.run_stepwise([request], max_steps=200)
+    except AssertionError:
+        raise _fail(env, "driver", f"a prompt of {length} tokens (max_batch_tokens={budget}) was accepted by "
+                    "submit() and not finished after 200 steps: a prompt that fits the budget exactly must be "
+                    "scheduled (is the scheduler's fit test strict where submit's is not?)") from None
+    mine = [o for o in outputs if o.request_id == request.request_id]
+    if len(mine) != 1 or len(mine[0].token_ids) != max_tokens:
+        raise _fail(env, "driver", f"a prompt of {length} tokens (max_batch_tokens={budget}) with max_tokens="
+                    f"{max_tokens} came back as {[list(o.token_ids) for o in mine]}; expected one output of "
+                    f"{max_tokens} tokens")
+    wrong = env.independent.greedy_mismatch(None, request.prompt_ids, mine[0].token_ids)
+    if wrong is not None:
+        raise _fail(env, "driver", f"a prompt of {length} tokens (the whole step budget) decoded wrongly: "
+                    f"{wrong.describe()}")
 
 
 @check("set_finetune_adapter")

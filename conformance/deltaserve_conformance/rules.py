@@ -128,7 +128,8 @@ RULES: tuple[Rule, ...] = (
     Rule("HostDriver.generate", "Steps run meanwhile go through the hooks exactly as in serving",
          ("intercept_schedule__injected_rows_run_in_same_step",
           "intercept_schedule__client_outputs_match_independent_model")),
-    Rule("HostDriver.submit", "never lost", ("intercept_schedule__request_submitted_during_a_step_is_served",)),
+    Rule("HostDriver.submit", "never lost", ("intercept_schedule__request_submitted_during_a_step_is_served",
+                                             "driver__a_prompt_of_the_whole_step_budget_is_served")),
     Rule("check_client_adapter", "What every host's ``submit`` must refuse",
          ("intercept_schedule__reserved_adapter_refused", "intercept_schedule__reserved_adapter_variants_refused",
           "intercept_schedule__no_on_arrival_for_refused_requests", "driver__unknown_adapter_refused",
@@ -308,6 +309,7 @@ SHAPE_RERUNS: tuple[str, ...] = (
     "lends_base_weights__views_of_the_checkpoint",
     "capture_activation__abort_stops_finetune_only_step",
     "model_spec__matches_the_checkpoint",
+    "driver__a_prompt_of_the_whole_step_budget_is_served",
 )
 
 RULES = tuple(Rule(r.where, r.phrase, r.checks + tuple(f"deep_model__{c}" for c in r.checks if c in SHAPE_RERUNS),

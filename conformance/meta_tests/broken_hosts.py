@@ -2499,6 +2499,21 @@ class AbortedStepZeroDurationHost(_RewritesRecordsHost):
         return dataclasses.replace(record, duration_s=0.0) if record.aborted_sample_ids else record
 
 
+class StrictBudgetFitHost(ReferenceHost):
+    """The scheduler's fit test is strict (``<``) where submit's is ``<=``: a prompt of exactly max_batch_tokens is
+    accepted and never scheduled (blind batch 2026-12-07b, h15). Only the deep checkpoint's context reaches it."""
+
+    name = "broken-strict-budget-fit"
+
+    def _schedule(self):  # noqa: ANN202
+        full = self.config
+        self.config = dataclasses.replace(full, max_batch_tokens=full.max_batch_tokens - 1)
+        try:
+            return super()._schedule()
+        finally:
+            self.config = full
+
+
 class ArrivalBeforeEnqueueHost(ReferenceHost):
     """on_arrival is called before the request is queued: during it has_unfinished() does not count the request (blind
     batch 2026-12-07b, h26)."""
@@ -2781,6 +2796,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                              "set_finetune_adapter__lora_dropout_never_reaches_the_forward"),
     ProfileDropsPlaceholderIdsHost: "run_profile_step__finetune_rows_never_dropped",
     RetractsByPrefixHost: "retract_adapter__withdraws_exactly_that_version",
+    StrictBudgetFitHost: "deep_model__driver__a_prompt_of_the_whole_step_budget_is_served",
     AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
     ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
     # the client adapter stays overwritten after that check: the later rank check serves it on the wrong weights too
