@@ -292,10 +292,6 @@ class DeltaServeWorkerExtension:
         # execute_model, sample_tokens and the runner's graph decision go through the worker (RunnerView.install)
         view.install(state.execute, state.sample, state.dispatch)
         logger.info("DeltaServe attached to vLLM's %s model runner (%s)", view.name, type(runner).__name__)
-        if view.name != "V1":
-            # Said at every start until the GPU suite has run on it (docs/vllm-adapter.md, "The V2 model runner").
-            logger.warning("DeltaServe follows vLLM's %s model runner, which it has not yet been verified on with "
-                           "a GPU: VLLM_USE_V2_MODEL_RUNNER=0 runs the verified V1 runner", view.name)
         self._deltaserve_state = state
         channel.worker_attached = True
         return tap.num_layers
