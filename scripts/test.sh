@@ -27,11 +27,15 @@ status=0
 if [[ $HAVE_PATHS == 0 || ${#MAIN_PATHS[@]} -gt 0 ]]; then
   run bash scripts/setup.sh
   # tests/sglang runs in its own environment (SGLang pins another torch): scripts/test_sglang.sh builds it.
-  # --durations: the slowest tests in every CI log, to keep CI time in view
+  # --durations: the slowest tests in every CI log, to keep CI time in view.
+  # Two workers, each taking whole modules (--dist loadfile: a module's engine is started once, by one worker):
+  # most tests wait on an engine or a child process single-threaded (OMP_NUM_THREADS=1), so two modules at a time
+  # use both cores. Tests that look for leftover processes find them by an environment entry unique to the test
+  # (deltaserve_core.testing.servers.processes_with_env), never by name, so the other worker's engines are not theirs.
   if [[ $HAVE_PATHS == 0 ]]; then
     rc=0
-    run .venv/bin/python -m pytest tests --ignore=tests/sglang -p no:cacheprovider -q --durations=25 \
-      ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
+    run .venv/bin/python -m pytest tests --ignore=tests/sglang -n 2 --dist loadfile -p no:cacheprovider -q \
+      --durations=25 ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
     pytest_ok "$rc" || status=1
     # The meta-tests are ~110 independent single-threaded suite runs against the reference host: two workers use
     # both cores (the engine tests above keep a core's worth of their own processes busy, so they stay serial).

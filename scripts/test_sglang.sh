@@ -21,11 +21,24 @@ export DELTASERVE_CACHE=${DELTASERVE_CACHE:-$PWD/.cache/deltaserve}
 # Engine tests fail, rather than skip, when setup did not install their engine.
 export DELTASERVE_REQUIRE_ENGINES=${DELTASERVE_REQUIRE_ENGINES:-1}
 if [[ ${#SGLANG_PATHS[@]} == 0 ]]; then SGLANG_PATHS=(tests/sglang/test_*.py); fi
-status=0
+# One pytest process per module (SGLang keeps process-wide state: one engine per process), two at a time: each
+# mostly waits on its single-threaded engine, so two use both cores. Each module's output is printed whole when it
+# ends.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+i=0
 for target in "${SGLANG_PATHS[@]}"; do
-  rc=0
-  run .venv-sglang/bin/python -m pytest "$target" -p no:cacheprovider -q ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} \
-    || rc=$?
-  pytest_ok "$rc" || status=1
+  while (( $(jobs -rp | wc -l) >= 2 )); do wait -n || true; done
+  i=$((i + 1))
+  ( rc=0
+    run .venv-sglang/bin/python -m pytest "$target" -p no:cacheprovider -q ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} \
+      > "$logs/$i.log" 2>&1 || rc=$?
+    echo "$rc" > "$logs/$i.rc"
+    printf '=== %s (exit %s)\n' "$target" "$rc"; cat "$logs/$i.log" ) &
+done
+wait
+status=0
+for ((n = 1; n <= i; n++)); do
+  pytest_ok "$(cat "$logs/$n.rc" 2>/dev/null || echo 1)" || status=1
 done
 exit $status

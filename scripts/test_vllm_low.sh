@@ -24,12 +24,15 @@ export OMP_NUM_THREADS=1
 export DELTASERVE_CACHE=${DELTASERVE_CACHE:-$PWD/.cache/deltaserve}
 # Engine tests fail, rather than skip, when setup did not install their engine.
 export DELTASERVE_REQUIRE_ENGINES=${DELTASERVE_REQUIRE_ENGINES:-1}
+# The default selection runs on two workers, one module each at a time (as scripts/test.sh runs the newest end).
+WORKERS=()
 if [[ ${#VLLM_LOW_PATHS[@]} == 0 ]]; then
+  WORKERS=(-n 2 --dist loadfile)
   VLLM_LOW_PATHS=(tests/test_vllm_host.py tests/test_coserve_vllm.py
                   tests/test_vllm_serve.py::test_the_launcher_is_vllms_cli_on_every_build
                   tests/test_vllm_serve.py::test_guard_answers_with_vllms_own_error_types)
 fi
 rc=0
-run .venv-vllm-low/bin/python -m pytest "${VLLM_LOW_PATHS[@]}" -p no:cacheprovider -q --durations=10 \
-  ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
+run .venv-vllm-low/bin/python -m pytest "${VLLM_LOW_PATHS[@]}" ${WORKERS[@]+"${WORKERS[@]}"} -p no:cacheprovider -q \
+  --durations=10 ${TEST_OPTIONS[@]+"${TEST_OPTIONS[@]}"} || rc=$?
 pytest_ok "$rc"
