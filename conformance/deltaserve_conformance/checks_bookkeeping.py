@@ -287,19 +287,32 @@ def check_driver__ignore_eos_false_stops_at_the_first_eos(env: ConformanceEnv) -
 
 @check("driver")
 def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEnv) -> None:
-    """A request the host accepted is never lost: a prompt as long as a whole step's token budget (or, where the
-    checkpoint's context is shorter, as long as the context allows) is scheduled and served, its tokens the model's
-    greedy ones. Clients truncating to the engine's limit send exactly such prompts. Blind batch 2026-12-07b, h15: a
-    scheduler whose fit test is strict (``<``) where submit's is ``<=`` accepts it and never schedules it; the suite's
+    """A request the host accepted is never lost nor cut short: a prompt as long as a whole step's token budget (or,
+    where the checkpoint's context is shorter, as long as the context allows) is scheduled and served in full, its
+    tokens the model's greedy ones. Clients truncating to the engine's limit send exactly such prompts. A host may
+    refuse a prompt at the very edge in ``submit`` (engines keep a few positions back); the check then steps down, a
+    token at a time, to the longest prompt the host accepts. A host that accepts it and returns fewer tokens fails:
+    SGLang caps ``max_new_tokens`` two positions short of its context silently, as blind batch 2026-12-07c's h11
+    does past the context. Blind batch 2026-12-07b, h15: a scheduler whose fit test is strict (``<``) where submit's is ``<=`` accepts it and never schedules it; the suite's
     checkpoint has a shorter context than the default budget, so the re-run on the deep checkpoint (4096 positions)
     is the one that reaches the budget."""
     budget = env.config.max_batch_tokens if env.config is not None else 2048
     max_tokens = 2
-    length = min(budget, _context_length(env) - max_tokens)
-    request = make_prompts(env, 1, seed=57, max_tokens=max_tokens, adapter_every=0, prefix="whole-budget",
-                           length_range=(length, length))[0]
+    longest = min(budget, _context_length(env) - max_tokens)
+    for length in range(longest, longest - 16, -1):
+        request = make_prompts(env, 1, seed=57, max_tokens=max_tokens, adapter_every=0,
+                               prefix=f"whole-budget-{length}", length_range=(length, length))[0]
+        try:
+            env.host.submit(request)  # type: ignore[attr-defined]
+            break
+        except ValueError:
+            continue
+    else:
+        raise _fail(env, "driver", f"submit() refused every prompt of {longest - 15} to {longest} tokens with "
+                    f"max_tokens={max_tokens} (max_batch_tokens={budget}, context {_context_length(env)}): a host "
+                    "serves prompts up to its budget, keeping at most a few positions back")
     try:
-        outputs = env.run_stepwise([request], max_steps=200)
+        outputs = env.run_stepwise([], max_steps=200)
     except AssertionError:
         raise _fail(env, "driver", f"a prompt of {length} tokens (max_batch_tokens={budget}) was accepted by "
                     "submit() and not finished after 200 steps: a prompt that fits the budget exactly must be "
@@ -308,7 +321,8 @@ def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEn
     if len(mine) != 1 or len(mine[0].token_ids) != max_tokens:
         raise _fail(env, "driver", f"a prompt of {length} tokens (max_batch_tokens={budget}) with max_tokens="
                     f"{max_tokens} came back as {[list(o.token_ids) for o in mine]}; expected one output of "
-                    f"{max_tokens} tokens")
+                    f"{max_tokens} tokens (a request the host cannot serve in full is refused by submit(), never "
+                    "cut short)")
     wrong = env.independent.greedy_mismatch(None, request.prompt_ids, mine[0].token_ids)
     if wrong is not None:
         raise _fail(env, "driver", f"a prompt of {length} tokens (the whole step budget) decoded wrongly: "

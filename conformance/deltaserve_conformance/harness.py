@@ -60,8 +60,8 @@ class ModelShape:
 #: lacks, each a way an adapter can serve wrong tokens while ``test`` passes: two-digit layer indices (12 layers),
 #: another GQA group size (8 heads over 2 KV heads), a head_dim that is not hidden / heads (Qwen3, Gemma), q/k/v/o
 #: biases (the Qwen2 family), a tied output head (Llama-3.2, Qwen2.5 small, SmolLM2), a rope base of 1e6 (Qwen,
-#: Mistral; Llama-3 5e5), a vocabulary past 65536 (Llama-3, Qwen: ids that overflow 16 bits), a
-#: generation_config.json with a repetition penalty (Qwen2.5-Instruct ships one; a greedy client request must not
+#: Mistral; Llama-3 5e5) with Llama-3.1's RoPE scaling (``rope_type: llama3``, as Llama-3.1/3.2 ship), a vocabulary
+#: past 65536 (Llama-3, Qwen: ids that overflow 16 bits), a generation_config.json with a repetition penalty (Qwen2.5-Instruct ships one; a greedy client request must not
 #: pick it up), a context longer than the default step budget (4096 positions over 2048 tokens: a prompt can fill a
 #: whole step) and a client adapter with lora_alpha 32 (scaling from the adapter's own config, not a default 16).
 #: checks_shapes.py re-runs the numeric checks on it in a child process.
@@ -69,7 +69,10 @@ MODEL_SHAPES: dict[str, ModelShape] = {
     "test": ModelShape(),
     "deep": ModelShape(
         model={"num_layers": 12, "hidden_size": 256, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 512,
-               "head_dim": 48, "max_position_embeddings": 4096, "attention_bias": True, "tie_word_embeddings": True, "rope_theta": 1.0e6,
+               "head_dim": 48, "max_position_embeddings": 4096,
+               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 1024},
+               "attention_bias": True, "tie_word_embeddings": True, "rope_theta": 1.0e6,
                "model_vocab_size": 70000, "generation_config": {"repetition_penalty": 1.3}},
         client_lora_alpha=32.0),
 }

@@ -298,9 +298,14 @@ class SglangHost:
         b.profiling, b.profile_record = True, None
         try:
             decodes = []
+            context = max(1, shape.decode_context)
+            # With the mixed chunk a row prefilled early decodes while later rows prefill (one token per step of
+            # the warm-up): it needs tokens to spare, or it finishes before the profiled decode step (seen on an
+            # H100: two decodes of 4064 tokens under a 4096-token budget). SGLang caps what exceeds its limit.
+            warmup_steps = -(-shape.num_decode * context // max(1, self.config.max_batch_tokens)) + 1
+            new_tokens = max(2, min(2 + warmup_steps, self._sched.max_req_len - 1 - context))
             for i in range(shape.num_decode):
-                decodes.append(self._add(f"{run}-d{i}", draw.tokens(max(1, shape.decode_context)), 2, None,
-                                         extra_key=run))
+                decodes.append(self._add(f"{run}-d{i}", draw.tokens(context), new_tokens, None, extra_key=run))
             for _ in range(10_000):  # warm-up: prefill the decode rows' contexts (steps never reported)
                 if all(len(r.output_ids) >= 1 for r in self._reqs(decodes)) and not self._inbox:
                     break
@@ -335,6 +340,15 @@ class SglangHost:
         rid = request.request_id
         if rid in self._live or rid.startswith((_PROFILE_PREFIX, FINETUNE_RID_PREFIX)):
             raise ValueError(f"request id {rid!r} is already in flight or reserved")
+        # SGLang aborts a prompt of max_req_input_len tokens or more, and silently lowers max_new_tokens to
+        # max_req_len - prompt - 1 (Scheduler.init_req_max_new_tokens): refused here instead, so that an accepted
+        # request always gets the tokens it asked for.
+        n, s = len(request.prompt_ids), self._sched
+        if n >= s.max_req_input_len or n + request.max_tokens > s.max_req_len - 1:
+            raise ValueError(f"request {rid!r}: a prompt of {n} tokens with max_tokens={request.max_tokens} does not "
+                             f"fit SGLang's limits (prompts under {s.max_req_input_len} tokens, prompt + max_tokens "
+                             f"at most {s.max_req_len - 1}, from its context length and KV cache); shorten the "
+                             "prompt or lower max_tokens")
         now = time.monotonic()
         self._add(rid, list(request.prompt_ids), request.max_tokens,
                   self._adapters[request.adapter] if request.adapter else None, ignore_eos=request.ignore_eos)

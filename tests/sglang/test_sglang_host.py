@@ -16,7 +16,7 @@ from deltaserve_conformance import ConformanceEnv, HostConformanceTests, Recorde
 from deltaserve_conformance.harness import make_prompts, make_samples
 from step_log import graph_step_log
 
-from deltaserve_core.types import FineTuneSample, ProposedBatch
+from deltaserve_core.types import FineTuneSample, ProfileShape, ProposedBatch
 
 HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
 #: CPU fp32 by default (CI); on a GPU machine DELTASERVE_SGLANG_DEVICE=cuda runs the module against CUDA SGLang
@@ -165,6 +165,18 @@ def test_idle_step_without_samples_runs_nothing(deltaserve_conformance_env: Conf
     env.install(None)
     assert len(rec.batches) == 1 and rec.batches[0].is_empty
     assert rec.records == []
+
+
+@needs_sglang
+def test_a_profile_step_of_decodes_whose_contexts_take_two_prefill_steps(
+        deltaserve_conformance_env: ConformanceEnv) -> None:
+    """Three decodes of 800 tokens of context need two prefill steps under the 2048-token budget: with the mixed
+    chunk the first-prefilled rows decode meanwhile, and with only two tokens to generate they used to finish before
+    the profiled step (calibration of an 8B shape on an H100 stopped so: two decodes of 4064 under 4096)."""
+    env = deltaserve_conformance_env
+    record = env.host.run_profile_step(ProfileShape(num_decode=3, decode_context=800))  # type: ignore[attr-defined]
+    assert record.num_decode == 3 and not record.prefill_lengths
+    assert record.kv_tokens >= 3 * 800
 
 
 @pytest.mark.parametrize("version", ["0.5.24", "0.5.14", "0.6.0", "0.5.9"])

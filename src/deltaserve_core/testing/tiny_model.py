@@ -60,13 +60,15 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
                      dtype: torch.dtype = torch.float32, head_dim: int | None = None, attention_bias: bool = False,
                      tie_word_embeddings: bool = False, rope_theta: float = 10000.0,
                      model_vocab_size: int | None = None,
-                     generation_config: dict[str, float | int] | None = None) -> Path:
+                     generation_config: dict[str, float | int] | None = None,
+                     rope_scaling: dict[str, float | str] | None = None) -> Path:
     """Write a random-weight ``LlamaForCausalLM`` + tokenizer folder (idempotent: reuses a matching folder).
 
     ``vocab_size`` is the tokenizer's BPE target; ``model_vocab_size`` widens the model's embedding and head past the
     tokenizer (as Qwen's and Llama-3's checkpoints do), so token ids the tokenizer never emits still reach the model.
     ``attention_bias`` gives q/k/v/o random non-zero biases; ``generation_config`` is written as the checkpoint's
-    ``generation_config.json`` (sampling defaults an engine may pick up)."""
+    ``generation_config.json`` (sampling defaults an engine may pick up); ``rope_scaling`` adds RoPE scaling parameters
+(e.g. Llama-3.1's ``{"rope_type": "llama3", "factor": 8.0, ...}``) to the rope base."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(directory)
@@ -76,7 +78,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
     variations = {"head_dim": head_dim, "attention_bias": attention_bias or None,
                   "tie_word_embeddings": tie_word_embeddings or None,
                   "rope_theta": rope_theta if rope_theta != 10000.0 else None, "model_vocab_size": model_vocab_size,
-                  "generation_config": generation_config}
+                  "generation_config": generation_config, "rope_scaling": rope_scaling}
     stamp.update({k: v for k, v in variations.items() if v is not None})  # the default model's stamp is unchanged
     marker = out / "deltaserve_tiny.json"
 
@@ -93,7 +95,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
             intermediate_size=intermediate_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
             num_key_value_heads=num_kv_heads, head_dim=head_dim or hidden_size // num_heads,
             max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, attention_bias=attention_bias,
-            rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)},
+            rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta), **(rope_scaling or {})},
             tie_word_embeddings=tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
