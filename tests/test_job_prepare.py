@@ -128,3 +128,16 @@ def test_a_cancel_after_the_preparation_releases_it_on_the_engines_thread(create
     prep.start()
     assert done.get(timeout=60) is prep and prep.state == "ready"
     assert prep.cancel()["status"] == "cancelled" and co.closed == 1
+
+
+def test_a_server_stopping_releases_it_and_the_job_is_not_over(created: Any) -> None:
+    co = _Co()
+    prep, done = _prep(created, lambda: co)
+    prep.start()
+    assert co.preparing.wait(60)
+    prep.abandon(stopping=True)
+    assert prep.wait(60) and done.get(timeout=60) is prep
+    job = prep.job_status()
+    # nothing of it runs, and it is prepared again at the next start: not cancelled, not failed
+    assert prep.state == "stopped" and co.closed >= 1
+    assert job["status"] == "validating_files" and not job["deltaserve"]["cancel_requested"], job

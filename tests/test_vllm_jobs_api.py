@@ -11,9 +11,9 @@ limit), pausing the first stops its trained tokens (API and /metrics) while the 
 ends it with a final checkpoint, /metrics shows each job's series; a create is answered ``validating_files`` before
 its dataset loads, and a training file that fails to load then fails that job alone, a job cancelled while
 validating files leaves no process behind; a created job trains, publishes and succeeds in the room the cancelled
-one left; another survives a restart of the server with the same command line, resuming from
-its checkpoint, beside the first job, which comes back paused and trains again once resumed; a request without
-the key is refused. Completions are served throughout.
+one left, and its versions are served by name beside the first job's; another survives a restart of the server
+with the same command line, resuming from its checkpoint, beside the first job, which comes back paused and trains
+again once resumed; a request without the key is refused. Completions are served throughout.
 """
 
 from __future__ import annotations
@@ -298,6 +298,12 @@ def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
     assert any("created over HTTP" in e["message"] for e in events["data"]), events
     status, body = _complete(server["base"], "created@latest", PROMPTS[1])  # its versions are served by name
     assert status == 200 and body["model"].startswith("created@v"), body
+    # and so are the job file's, created before it (not only the newest job's)
+    status, body = _complete(server["base"], "jobsapi@latest", PROMPTS[1])
+    assert status == 200 and body["model"].startswith("jobsapi@v"), body
+    status, listed = http_json("GET", f"{server['base']}/v1/models", key=API_KEY)
+    names = {card["id"] for card in listed["data"]}
+    assert status == 200 and {"created@latest", "jobsapi@latest", body["model"]} <= names, names
     _served(server)
 
 

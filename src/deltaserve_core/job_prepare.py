@@ -36,10 +36,11 @@ log = logging.getLogger("deltaserve.runtime")
 
 #: ``preparing``: its thread runs; ``ready``: prepared, waiting for the engine's thread; ``attached``: its
 #: CoServer joined the host (the runtime answers for it from then on); ``failed``, ``cancelled``: ended, nothing
-#: of it runs
-PrepState = Literal["preparing", "ready", "attached", "failed", "cancelled"]
+#: of it runs; ``stopped``: the server stopped before it ran, nothing of it runs, and it is not over (the next
+#: start prepares it again), so the API still says ``validating_files``
+PrepState = Literal["preparing", "ready", "attached", "failed", "cancelled", "stopped"]
 _STATUS: dict[str, str] = {"preparing": "validating_files", "ready": "validating_files", "attached": "running",
-                           "failed": "failed", "cancelled": "cancelled"}
+                           "failed": "failed", "cancelled": "cancelled", "stopped": "validating_files"}
 
 
 class PreparingJob:
@@ -67,6 +68,7 @@ class PreparingJob:
         self._lock = threading.Lock()
         self._state: PrepState = "preparing"
         self._abandoned = False  # cancelled, or the server stops: whatever was started is released
+        self._stopping = False  # the server stops (not the operator's cancel): the job ends "stopped"
         self._error: dict[str, Any] | None = None
         self._finished_at: int | None = None
         self._thread = threading.Thread(target=self._run, name=f"deltaserve-prepare-{self.job.adapter_name}",
@@ -102,13 +104,13 @@ class PreparingJob:
                 self._state = "ready"
         if abandoned:
             self._release()
-            self._set_ended("cancelled")
+            self._set_ended(self._abandoned_as())
         self._done(self)
 
     def _ended_in_preparation(self, exc: BaseException) -> None:
         self._release()
         if self._abandoned:  # the cancel (or stop) killed what was starting: no failure of the job
-            self._set_ended("cancelled")
+            self._set_ended(self._abandoned_as())
         else:
             if isinstance(exc, JobCallError):
                 error = {"code": exc.code, "message": exc.message, "param": exc.param}
@@ -135,18 +137,20 @@ class PreparingJob:
         with self._lock:
             self._state = "attached"
 
-    def abandon(self) -> None:
-        """Stop the preparation and release what it started, now or as soon as its thread can: a cancel, or the
-        server stopping. A backward process starting is killed (a prepared job is discarded, so nothing of its
-        state can be lost), which ends the thread's wait for it at once."""
+    def abandon(self, *, stopping: bool = False) -> None:
+        """Stop the preparation and release what it started, now or as soon as its thread can: the operator's
+        cancel, or (``stopping``) the server stopping, after which the job is not over. A backward process starting
+        is killed (a prepared job is discarded, so nothing of its state can be lost), which ends the thread's wait
+        for it at once."""
         with self._lock:
-            if self._state in ("attached", "failed", "cancelled"):
+            if self._state in ("attached", "failed", "cancelled", "stopped"):
                 return
             self._abandoned = True
+            self._stopping = self._stopping or stopping
             state, co = self._state, self.co
         if state == "ready":  # prepared and waiting for the engine's thread, whose hand-over will skip it
             self._release()
-            self._set_ended("cancelled")
+            self._set_ended(self._abandoned_as())
             return
         backward = co.backward if co is not None else None
         if backward is not None:
@@ -171,7 +175,10 @@ class PreparingJob:
             except Exception:  # noqa: BLE001 - the job ends either way
                 log.exception("DeltaServe: releasing the prepared job %s", self.job_id)
 
-    def _set_ended(self, state: Literal["failed", "cancelled"]) -> None:
+    def _abandoned_as(self) -> Literal["cancelled", "stopped"]:
+        return "stopped" if self._stopping else "cancelled"
+
+    def _set_ended(self, state: Literal["failed", "cancelled", "stopped"]) -> None:
         with self._lock:
             self._state = state
             self._finished_at = int(time.time())
@@ -186,8 +193,8 @@ class PreparingJob:
             status, error, finished_at, abandoned = _STATUS[self._state], self._error, self._finished_at, \
                 self._abandoned
         out = job_object(self.job, self._model, status, int(self.record["created_at"]))
-        out.update(error=error, finished_at=finished_at)
-        out["deltaserve"]["cancel_requested"] = abandoned and status == "validating_files"
+        out.update(error=error, finished_at=finished_at if status in ("failed", "cancelled") else None)
+        out["deltaserve"]["cancel_requested"] = abandoned and not self._stopping and status == "validating_files"
         return out
 
     def job_checkpoints(self) -> list[dict[str, Any]]:

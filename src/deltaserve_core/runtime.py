@@ -400,7 +400,7 @@ class EngineRuntime:
         assert self.sharing is not None and self.jobs is not None
         created = CreatedJob(prep.job, prep.record)
         if prep.state == "ready" and self.stopping:
-            prep.abandon()  # stop() releases what it can wait for; a job that is not running resumes at restart
+            prep.abandon(stopping=True)  # released; not run now, it is prepared again at the next start
         elif prep.state == "ready":
             co = prep.co
             try:
@@ -536,7 +536,7 @@ class EngineRuntime:
         try:
             preparing = self._preparing()
             for prep in preparing:  # a started backward process is killed: the job resumes at the next start
-                prep.abandon()
+                prep.abandon(stopping=True)
             for prep in preparing:
                 if not prep.wait(self.stop_timeout_s()):
                     log.warning("DeltaServe: job %s was still being prepared when the server stopped", prep.job_id)
