@@ -61,6 +61,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,6 +207,9 @@ class JobSharing:
         self._step_owner: dict[int, SharedJob] = {}  # steps whose rows were admitted, until their record
         self._lock = threading.Lock()
         self._ready: list[SharedJob] = []  # the jobs ready for rows at the last step
+        #: jobs built and not joined yet, by id of their controller; weak, so one never joined (its preparation
+        #: failed or was cancelled) is not kept
+        self._built: weakref.WeakValueDictionary[int, SharedJob] = weakref.WeakValueDictionary()
         #: work queued from other threads for the host's thread (hand_over)
         self._handovers: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._started = False
@@ -273,24 +277,27 @@ class JobSharing:
     def build(self, job: JobConfig, **coserver_kwargs: Any) -> CoServer:
         """:meth:`add`'s controller, not yet among this host's jobs: its construction loads and tokenises the
         dataset (seconds), so a server builds (and prepares: :meth:`CoServer.prepare`) a job created over HTTP on
-        another thread while the host serves, and :meth:`join`\ s it on the host's thread. Checks ``job`` against
+        another thread while the host serves, and joins it (:meth:`join`) on the host's thread. Checks ``job`` against
         the jobs here now; :meth:`join` checks again."""
         self._check_beside(job)
         slot = SharedJob(co=None, index=next(self._order))  # type: ignore[arg-type]
         slot.view = JobHostView(self, self.host, slot)
         slot.co = self._factory(slot.view, job, **coserver_kwargs)
+        with self._lock:
+            self._built[id(slot.co)] = slot
         return slot.co
 
     def join(self, co: CoServer) -> None:
         """Make ``co`` (from :meth:`build`) one of this host's jobs, on the host's thread; its ``start()`` or
         ``attach()`` then installs its hooks."""
-        view = co.host
-        if not isinstance(view, JobHostView) or view._sharing is not self:
+        with self._lock:
+            slot = self._built.get(id(co))
+        if slot is None or slot.co is not co:
             raise ValueError(f"job {co.job_id} was not built by this JobSharing")
-        if any(j is view._job for j in self._jobs):
-            return
         self._check_beside(co.job)
-        self._jobs.append(view._job)
+        with self._lock:
+            self._built.pop(id(co), None)
+            self._jobs.append(slot)
 
     def _check_beside(self, job: JobConfig) -> None:
         # a data-parallel job's ranks step in lockstep with other engines: turns given to another job here would
