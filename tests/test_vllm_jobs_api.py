@@ -13,13 +13,15 @@ its dataset loads, and a training file that fails to load then fails that job al
 validating files leaves no process behind; a created job trains, publishes and succeeds in the room the cancelled
 one left, and its versions are served by name beside the first job's; another survives a restart of the server
 with the same command line, resuming from its checkpoint, beside the first job, which comes back paused and trains
-again once resumed; a request without the key is refused. Completions are served throughout.
+again once resumed; a request without the key is refused; last, the server stopped while a created job is
+prepared leaves no process behind, and the job is kept for the next start. Completions are served throughout.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -29,7 +31,9 @@ from typing import Any
 
 import pytest
 
-from deltaserve_core.testing.servers import http_json
+from deltaserve_core.job_config import load_job_config
+from deltaserve_core.job_create import operator_state
+from deltaserve_core.testing.servers import alive, http_json, process_tree
 from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, cancel_while_validating_files,
                                             metrics_show_each_job, past_the_limit_is_refused,
                                             pause_one_the_other_trains, preparation_failure_is_contained,
@@ -341,3 +345,27 @@ def test_a_restarted_server_resumes_every_job_that_did_not_end(server: dict) -> 
     status, body = http_json("GET", f"{server['base']}/v1/fine_tuning/jobs")  # no key
     assert status == 401, body
     _served(server)
+
+
+def test_a_server_stopped_while_a_job_is_prepared_leaves_no_process(server: dict) -> None:
+    status, body = _api(server, "POST", "/ftjob-resumed/cancel")  # room for one more job
+    assert status == 200, body
+    _wait_for(server, lambda j: j["status"] == "cancelled", "cancelled", job_id="ftjob-resumed")
+    status, job = _create(server, _create_body(server, suffix="late"))
+    assert status == 200 and job["status"] == "validating_files", job
+    proc = server["proc"]
+    tree = process_tree(proc.pid)
+    proc.send_signal(signal.SIGINT)  # while its dataset loads or its backward starts
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        pytest.fail(f"the server did not stop within 120 s:\n{server['log'].read_text()[-4000:]}")
+    deadline = time.monotonic() + 30
+    while left := [p for p in tree if alive(p)]:
+        assert time.monotonic() < deadline, f"left running after the stop: {left}"
+        time.sleep(0.5)
+    # not cancelled: the next start prepares it again
+    home = Path(server["job"]).parent / "deltaserve-jobs" / "late"
+    assert (home / "job.yaml").is_file()
+    assert "ended" not in operator_state(load_job_config(home / "job.yaml")), home
