@@ -48,7 +48,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when imported by a test
 from _common import ROOT, command_line, machine_info, write_json  # noqa: E402  (puts the clone's src first)
-from deltaserve_core.testing.servers import http_json  # noqa: E402
+from deltaserve_core.testing.servers import alive as _alive  # noqa: E402
+from deltaserve_core.testing.servers import http_json, process_tree  # noqa: E402
 
 __all__ = ["DEFAULT_OUT", "JSON_NAME", "PNG_NAME", "PANELS", "main", "parse_scrape", "plot", "prepare_out",
            "series_of", "build_parser", "counter_rate"]
@@ -334,40 +335,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # the command name (field 2) may hold spaces and parentheses: the fields after its last ')' are fixed
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every live descendant of it."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        if Path(f"/proc/{p}").exists():
-            out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
 def _with_env(entry: str) -> list[int]:

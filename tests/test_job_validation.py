@@ -335,16 +335,29 @@ def test_a_failed_start_stops_the_backward_it_started() -> None:
     co.buffer = None
     co._started = False
 
-    def failing_start() -> CoServer:
+    def failing_prepare() -> None:
         co.backward = SimpleNamespace(close=lambda: calls.append("backward.close"), kill=lambda: None)
         co.buffer = SimpleNamespace(close=lambda: calls.append("buffer.close"))
         raise ValueError("the checkpoint's pool was built from different samples")
 
-    co._start = failing_start  # type: ignore[method-assign]
+    co._prepare = failing_prepare  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="different samples"):
         co.start()
     assert "backward.close" in calls and "buffer.close" in calls
     assert co.backward is None and co.buffer is None
+    # the part on the host's thread (a created job prepared elsewhere, then attached) releases it too, hooks undone
+    calls.clear()
+
+    def failing_attach() -> CoServer:
+        raise RuntimeError("the host refused the adapter")
+
+    co._prepare = lambda: setattr(co, "backward", SimpleNamespace(  # type: ignore[method-assign]
+        close=lambda: calls.append("backward.close"), kill=lambda: None))
+    co._attach = failing_attach  # type: ignore[method-assign]
+    co.prepare()
+    with pytest.raises(RuntimeError, match="refused the adapter"):
+        co.attach()
+    assert calls == ["intercept", "capture", "report", "backward.close"] and co.backward is None
 
 
 def _job_file(root: Path, name: str, body: str) -> Path:

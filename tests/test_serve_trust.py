@@ -259,13 +259,13 @@ class TestVllmGuard:
                 calls.append(("remove", lora_id))
                 return True
 
-        previous = guard.installed_namespace()
+        previous = dict(guard._STATE)
+        guard._STATE.clear()
         guard.install(guard.AdapterNamespace("served", ckpt, publish))
         models = OpenAIServingModels(Engine(), [BaseModelPath(name="base", model_path="base")])
         yield SimpleNamespace(models=models, ckpt=ckpt, publish=publish, client=client, tmp=tmp_path, calls=calls)
-        guard._STATE.pop("namespace", None)
-        if previous is not None:
-            guard._STATE["namespace"] = previous
+        guard._STATE.clear()
+        guard._STATE.update(previous)
 
     @staticmethod
     def _load(models, name: str, path: str, inplace: bool = False):  # noqa: ANN001, ANN205

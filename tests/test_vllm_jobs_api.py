@@ -8,16 +8,20 @@ never timed), resume makes it grow again; events page; checkpoints are listed; t
 the same server; bad creates are refused naming the field (a training file outside the data directory among them).
 Then the operator's two jobs: a second job created over HTTP trains beside the first, a third is refused (the
 limit), pausing the first stops its trained tokens (API and /metrics) while the second's grow, cancelling the second
-ends it with a final checkpoint, /metrics shows each job's series; a created job trains, publishes and succeeds in
-the room the cancelled one left; another survives a restart of the server with the same command line, resuming from
-its checkpoint, beside the first job, which comes back paused and trains again once resumed; a request without
-the key is refused. Completions are served throughout.
+ends it with a final checkpoint, /metrics shows each job's series; a create is answered ``validating_files`` before
+its dataset loads, and a training file that fails to load then fails that job alone, a job cancelled while
+validating files leaves no process behind; a created job trains, publishes and succeeds in the room the cancelled
+one left, and its versions are served by name beside the first job's; another survives a restart of the server
+with the same command line, resuming from its checkpoint, beside the first job, which comes back paused and trains
+again once resumed; a request without the key is refused; last, the server stopped while a created job is
+prepared leaves no process behind, and the job is kept for the next start. Completions are served throughout.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,10 +31,13 @@ from typing import Any
 
 import pytest
 
-from deltaserve_core.testing.servers import http_json
-from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, metrics_show_each_job,
-                                            past_the_limit_is_refused, pause_one_the_other_trains,
-                                            second_job_trains_beside_the_first)
+from deltaserve_core.job_config import load_job_config
+from deltaserve_core.job_create import operator_state
+from deltaserve_core.testing.servers import alive, http_json, process_tree
+from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, cancel_while_validating_files,
+                                            metrics_show_each_job, past_the_limit_is_refused,
+                                            pause_one_the_other_trains, preparation_failure_is_contained,
+                                            second_job_trains_beside_the_first, unloadable_training_file)
 from test_vllm_serve import (  # noqa: F401  (calibrated: a fixture, resolved against this module's job)
     API_KEY,
     HAVE_VLLM,
@@ -74,6 +81,7 @@ def server(job: Path, tiny_model: Path, calibrated: list[str]) -> Iterator[dict]
     # directory for created jobs (relative to the server's working directory, the job's folder)
     (job.parent / "data").mkdir()
     shutil.copy(job.parent / "data.json", job.parent / "data" / "train.json")
+    unloadable_training_file(job.parent / "data.json", job.parent / "data" / "uploaded.json")
     env = dict(_env(job.parent), VLLM_PLUGINS="deltaserve,deltaserve_jobs")
     command = _with_data_dir(calibrated)
     info = _start(job, tiny_model, command, env, "server.log", "--api-key", API_KEY)
@@ -265,13 +273,28 @@ def test_metrics_show_each_job(server: dict) -> None:
     metrics_show_each_job(_ops(server), {JOB_ID: True, SECOND_ID: True})
 
 
+def test_a_training_file_that_fails_to_load_fails_the_job_alone(server: dict) -> None:
+    # the job file's job is paused (the two-jobs steps) and holds one of the two places; the failed job frees its
+    preparation_failure_is_contained(_ops(server), _create_body(server, suffix="broken", training_file="uploaded.json"),
+                                     {JOB_ID: "paused", SECOND_ID: "cancelled"},
+                                     Path(server["job"]).parent / "deltaserve-jobs", lambda: _served(server))
+
+
+def test_a_job_cancelled_while_validating_files_leaves_nothing_running(server: dict) -> None:
+    cancel_while_validating_files(_ops(server), _create_body(server, suffix="early"), server["proc"].pid)
+    _served(server)
+
+
 def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
     status, job = _create(server, _create_body(server, metadata={"team": "search"}))
     assert status == 200 and job["id"] == "ftjob-created", job
-    assert job["status"] in ("validating_files", "queued", "running") and job["metadata"] == {"team": "search"}
+    # answered at once: the dataset loads and the backward starts beside the engine's steps
+    assert job["status"] == "validating_files" and job["metadata"] == {"team": "search"}, job
     assert job["hyperparameters"]["n_epochs"] == 1 and job["hyperparameters"]["batch_size"] == 48
     assert job["training_file"].endswith("data/train.json") and job["user_provided_suffix"] == "created"
-    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-created"]  # a cancelled job does not count to the limit
+    # neither a cancelled nor a failed job counts to the limit
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-broken", "ftjob-early", "ftjob-created"]
+    _wait_for(server, lambda j: j["status"] != "validating_files", "the created job to start", job_id="ftjob-created")
     done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed",
                      job_id="ftjob-created")
     assert done["trained_tokens"] > 0 and done["fine_tuned_model"], done
@@ -279,6 +302,12 @@ def test_a_created_job_trains_publishes_and_succeeds(server: dict) -> None:
     assert any("created over HTTP" in e["message"] for e in events["data"]), events
     status, body = _complete(server["base"], "created@latest", PROMPTS[1])  # its versions are served by name
     assert status == 200 and body["model"].startswith("created@v"), body
+    # and so are the job file's, created before it (not only the newest job's)
+    status, body = _complete(server["base"], "jobsapi@latest", PROMPTS[1])
+    assert status == 200 and body["model"].startswith("jobsapi@v"), body
+    status, listed = http_json("GET", f"{server['base']}/v1/models", key=API_KEY)
+    names = {card["id"] for card in listed["data"]}
+    assert status == 200 and {"created@latest", "jobsapi@latest", body["model"]} <= names, names
     _served(server)
 
 
@@ -291,7 +320,7 @@ def test_a_restarted_server_resumes_every_job_that_did_not_end(server: dict) -> 
     before = json.loads(created.stdout)
     assert before["id"] == "ftjob-resumed" and before["metadata"] == {"run": "restart"}, before
     # the ended jobs made room for it and are still answered for
-    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-created", "ftjob-resumed"]
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-broken", "ftjob-early", "ftjob-created", "ftjob-resumed"]
     assert _job(server, SECOND_ID)["status"] == "cancelled"
     trained = _wait_for(server, lambda j: j["deltaserve"]["step"] >= 3, "a checkpoint", job_id="ftjob-resumed")
     paused = _job(server)
@@ -302,7 +331,8 @@ def test_a_restarted_server_resumes_every_job_that_did_not_end(server: dict) -> 
     job = _wait_for(server, lambda j: j["status"] == "running", "the resumed job", job_id="ftjob-resumed")
     assert job["deltaserve"]["step"] >= trained["deltaserve"]["step"], (job, trained)
     assert job["created_at"] == before["created_at"] and job["metadata"] == {"run": "restart"}
-    # the job file's job comes back paused, as the operator left it; the cancelled and the succeeded job stay ended
+    # the job file's job comes back paused, as the operator left it; the cancelled and the succeeded job stay ended,
+    # and the job whose training file failed to load left nothing to start again
     assert _ids(server) == [JOB_ID, "ftjob-resumed"]
     again = _job(server)
     assert again["status"] == "paused" and again["deltaserve"]["step"] == paused["deltaserve"]["step"], again
@@ -315,3 +345,27 @@ def test_a_restarted_server_resumes_every_job_that_did_not_end(server: dict) -> 
     status, body = http_json("GET", f"{server['base']}/v1/fine_tuning/jobs")  # no key
     assert status == 401, body
     _served(server)
+
+
+def test_a_server_stopped_while_a_job_is_prepared_leaves_no_process(server: dict) -> None:
+    status, body = _api(server, "POST", "/ftjob-resumed/cancel")  # room for one more job
+    assert status == 200, body
+    _wait_for(server, lambda j: j["status"] == "cancelled", "cancelled", job_id="ftjob-resumed")
+    status, job = _create(server, _create_body(server, suffix="late"))
+    assert status == 200 and job["status"] == "validating_files", job
+    proc = server["proc"]
+    tree = process_tree(proc.pid)
+    proc.send_signal(signal.SIGINT)  # while its dataset loads or its backward starts
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        pytest.fail(f"the server did not stop within 120 s:\n{server['log'].read_text()[-4000:]}")
+    deadline = time.monotonic() + 30
+    while left := [p for p in tree if alive(p)]:
+        assert time.monotonic() < deadline, f"left running after the stop: {left}"
+        time.sleep(0.5)
+    # not cancelled: the next start prepares it again
+    home = Path(server["job"]).parent / "deltaserve-jobs" / "late"
+    assert (home / "job.yaml").is_file()
+    assert "ended" not in operator_state(load_job_config(home / "job.yaml")), home

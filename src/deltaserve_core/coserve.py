@@ -81,7 +81,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
 
     Construction validates the host and loads the dataset (bad records counted and reported; an unusable
     dataset raises before anything starts). :meth:`start` creates the buffer and the backward process and
-    installs the hooks; :meth:`close` removes them and stops the backward process.
+    installs the hooks, in two parts a server runs on different threads (:meth:`prepare`, :meth:`attach`);
+    :meth:`close` removes them and stops the backward process.
     """
 
     def __init__(self, host: HostHooks, job: JobConfig, *, latency_model: LatencyModel | None = None,
@@ -200,12 +201,36 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> "CoServer":
-        """Create the buffer and the backward process, resume, calibrate and install the hooks.
+        """Create the buffer and the backward process, resume, calibrate and install the hooks: :meth:`prepare`
+        then :meth:`attach`, on the thread that steps the host."""
+        self.prepare()
+        return self.attach()
+
+    def prepare(self) -> "CoServer":
+        """The slow part of a start, which touches nothing the host's steps use: the buffer, the backward's base
+        model and the backward process, started and resumed from the checkpoint (seconds on a CPU: the child
+        imports torch). It may run on another thread while the host serves (a job created over HTTP must not
+        stall inference), once; :meth:`attach` follows on the host's thread, or :meth:`close` releases it.
 
         A failure on the way stops what was started already before it propagates: the backward child ignores
         SIGTERM (see :mod:`.backward_process`), so one left running would keep its parent from ever exiting."""
+        if self.backward is not None:
+            raise RuntimeError(f"job {self.job_id} is prepared already")
         try:
-            return self._start()
+            self._prepare()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def attach(self) -> "CoServer":
+        """Join the host after :meth:`prepare`, on the thread that steps it: install the adapter (and republish a
+        resumed job's versions), calibrate if no model was given, install the hooks. A failure releases the
+        backward as well."""
+        if self.backward is None:
+            raise RuntimeError(f"job {self.job_id} is not prepared (or was released): call prepare() first")
+        try:
+            return self._attach()
         except BaseException:
             self._abort_start()
             raise
@@ -216,6 +241,11 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
                 undo(None)
             except Exception:  # noqa: BLE001 - best effort: the original error is what the caller must see
                 log.debug("undoing a hook after a failed start", exc_info=True)
+        self._release()
+
+    def _release(self) -> None:
+        """Stop the backward process and free the buffer of a start that failed or of a job prepared and never
+        attached. Touches no hook: it may run on the thread that prepared the job."""
         if self.backward is not None:
             try:
                 self.backward.close()
@@ -227,7 +257,7 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         self.backward = self.buffer = None
         self._started = False
 
-    def _start(self) -> "CoServer":
+    def _prepare(self) -> None:
         check_writable_dir(self.job.checkpoint.dir, "checkpoint.dir")
         clean_stale_files()
         if self.dp is not None:
@@ -256,15 +286,19 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         if ready.extra.get("cancelled_at") is not None:
             self._resume_cancelled(ready.step, int(ready.extra["cancelled_at"]))
         self.stats.adapter_step = ready.step
-        snapshot = self.backward.adapter_snapshot(version=ready.step)
+
+    def _attach(self) -> "CoServer":
+        assert self.backward is not None
+        step = self.stats.adapter_step  # the step the backward resumed at (prepare)
+        snapshot = self.backward.adapter_snapshot(version=step)
         self.host.set_finetune_adapter(snapshot)
         # Installed twice, the second timed: the cost of every later install must be known before the first one is
         # due, or no step could be judged able to absorb it (the first call pays one-time loading costs).
         self._host_work_s[INSTALL].append(timed(lambda: self.host.set_finetune_adapter(snapshot)))
-        if ready.step > 0 and self.job.publish.policy != "never":
-            self._republish_from_disk(ready.step)
+        if step > 0 and self.job.publish.policy != "never":
+            self._republish_from_disk(step)
             # a resumed job serves what it has trained, not only what it trains next
-            self._host_work_s[PUBLISH].append(timed(lambda: self._publish(ready.step)))
+            self._host_work_s[PUBLISH].append(timed(lambda: self._publish(step)))
         if self._calibrate:
             from .calibration import load_or_calibrate
 
@@ -278,8 +312,8 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         self._started = True
         self._progress_origin = (time.monotonic(), float(self.pool.progress()["fraction"]))
         self.events.add("info", f"fine-tuning started on host {getattr(self.host, 'name', '?')!r}"
-                        + (f", resumed from the checkpoint at step {ready.step}" if ready.step else ""),
-                        data={"step": ready.step, "samples": len(self.dataset), "epochs": self.job.epochs})
+                        + (f", resumed from the checkpoint at step {step}" if step else ""),
+                        data={"step": step, "samples": len(self.dataset), "epochs": self.job.epochs})
         # rates count from here: loading and calibrating took time in which nothing could be trained
         self.stats.started_at = time.monotonic()
         log.info("co-serving %s on host %r: %d samples, %d epoch(s), buffer %d tokens, SLO ttft=%.3fs tpot=%.3fs",
@@ -288,7 +322,9 @@ class CoServer(TrainingMixin, PublishingMixin, HostWorkMixin, JobStatusMixin, Da
         return self
 
     def close(self) -> None:
+        """Remove the hooks and stop the backward process; a job prepared and never attached is released."""
         if not self._started:
+            self._release()
             return
         self.host.intercept_schedule(None)
         self.host.capture_activation(None)

@@ -3,8 +3,9 @@
 restarted server resumes it.
 
 Engine-agnostic, no torch: the engine's runtime (:class:`~deltaserve_core.runtime.EngineRuntime`) calls
-:func:`job_from_request` in the process that owns the job, then :func:`save_created` once the job's dataset
-loaded, and :func:`startup_job` when the server starts.
+:func:`job_from_request` in the process that owns the job, then :func:`save_created` once the request is
+accepted (before the job's dataset loads, which happens off the engine's thread: :mod:`.job_prepare`;
+:func:`forget_created` if it fails there), and :func:`startup_job` when the server starts.
 
 Where things are (``jobs`` settings, :class:`JobsSettings`): the training file is read only from inside the
 operator's ``data_dir`` (symlinks resolved, so neither ``..`` nor a link leads out of it); each created job gets
@@ -321,10 +322,13 @@ def save_created(created: CreatedJob, settings: JobsSettings) -> Path:
 
 
 def forget_created(created: CreatedJob, settings: JobsSettings, previous: str | None) -> None:
-    """Undo :func:`save_created` for a job that did not start: the folder goes, ``current`` names ``previous``."""
+    """Undo :func:`save_created` for a job that did not start: the folder goes, and ``current`` names ``previous``
+    again unless a newer job was created meanwhile (jobs are prepared beside each other)."""
     import shutil
 
     shutil.rmtree(settings.dir / created.record["suffix"], ignore_errors=True)
+    if current_suffix(settings) != created.record["suffix"]:
+        return
     if previous is None:
         (settings.dir / _CURRENT).unlink(missing_ok=True)
     else:

@@ -58,8 +58,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,7 +184,8 @@ class JobSharing:
         sharing.close()                              # closes every job, then removes the hooks
 
     Jobs are added, started and removed on the thread that steps the host (the jobs API's calls run there too);
-    only ``on_arrival`` may come from another thread.
+    only ``on_arrival``, :meth:`build` (with the job's ``prepare()``) and :meth:`hand_over` may come from another
+    thread.
     """
 
     def __init__(self, host: HostHooks, *, switch_tokens: float = 256.0,
@@ -204,6 +207,11 @@ class JobSharing:
         self._step_owner: dict[int, SharedJob] = {}  # steps whose rows were admitted, until their record
         self._lock = threading.Lock()
         self._ready: list[SharedJob] = []  # the jobs ready for rows at the last step
+        #: jobs built and not joined yet, by id of their controller; weak, so one never joined (its preparation
+        #: failed or was cancelled) is not kept
+        self._built: weakref.WeakValueDictionary[int, SharedJob] = weakref.WeakValueDictionary()
+        #: work queued from other threads for the host's thread (hand_over)
+        self._handovers: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._started = False
         self.switches = 0
         self.switch_s = 0.0
@@ -262,6 +270,36 @@ class JobSharing:
         """A :class:`CoServer` for ``job`` on its own view of the host, not started (call its ``start()``, or use
         :meth:`start_job`). Refuses a job whose ``adapter_name`` or ``checkpoint.dir`` another job here has (their
         published versions or checkpoints would overwrite each other), and a data-parallel job."""
+        co = self.build(job, **coserver_kwargs)
+        self.join(co)
+        return co
+
+    def build(self, job: JobConfig, **coserver_kwargs: Any) -> CoServer:
+        """:meth:`add`'s controller, not yet among this host's jobs: its construction loads and tokenises the
+        dataset (seconds), so a server builds (and prepares: :meth:`CoServer.prepare`) a job created over HTTP on
+        another thread while the host serves, and joins it (:meth:`join`) on the host's thread. Checks ``job`` against
+        the jobs here now; :meth:`join` checks again."""
+        self._check_beside(job)
+        slot = SharedJob(co=None, index=next(self._order))  # type: ignore[arg-type]
+        slot.view = JobHostView(self, self.host, slot)
+        slot.co = self._factory(slot.view, job, **coserver_kwargs)
+        with self._lock:
+            self._built[id(slot.co)] = slot
+        return slot.co
+
+    def join(self, co: CoServer) -> None:
+        """Make ``co`` (from :meth:`build`) one of this host's jobs, on the host's thread; its ``start()`` or
+        ``attach()`` then installs its hooks."""
+        with self._lock:
+            slot = self._built.get(id(co))
+        if slot is None or slot.co is not co:
+            raise ValueError(f"job {co.job_id} was not built by this JobSharing")
+        self._check_beside(co.job)
+        with self._lock:
+            self._built.pop(id(co), None)
+            self._jobs.append(slot)
+
+    def _check_beside(self, job: JobConfig) -> None:
         # a data-parallel job's ranks step in lockstep with other engines: turns given to another job here would
         # stall every rank, so it runs alone (added to an empty JobSharing, nothing beside it)
         if job.data_parallel.enabled and self._jobs:
@@ -283,11 +321,25 @@ class JobSharing:
                 raise JobConfigError(
                     f"job config: adapter_name: {job.adapter_name!r} is the adapter of job {other.co.job_id} on this "
                     "host; their published versions would collide: give this job another adapter_name")
-        slot = SharedJob(co=None, index=next(self._order))  # type: ignore[arg-type]
-        slot.view = JobHostView(self, self.host, slot)
-        slot.co = self._factory(slot.view, job, **coserver_kwargs)
-        self._jobs.append(slot)
-        return slot.co
+
+    def hand_over(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the host's thread before the next step's admission (from any thread): how work done on
+        another thread (a created job prepared there) reaches the jobs, which only that thread may change. The
+        host must be stepping for it to run (a runtime keeps its idle loop stepping meanwhile: ``wants_steps``);
+        :meth:`run_handovers` also runs them between steps."""
+        self._handovers.put(fn)
+
+    def run_handovers(self) -> None:
+        """Run what :meth:`hand_over` queued, on the host's thread; one that raises is logged and the rest run."""
+        while True:
+            try:
+                fn = self._handovers.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a hand-over failing must never stop the host's step
+                log.exception("a hand-over to the jobs of this host failed")
 
     def start_job(self, job: JobConfig, **coserver_kwargs: Any) -> CoServer:
         """:meth:`add` then ``start()``; a job whose start fails is forgotten again before the error propagates."""
@@ -404,6 +456,7 @@ class JobSharing:
     # ------------------------------------------------------------------------------------------ ScheduleInterceptor
 
     def on_schedule(self, batch: ProposedBatch) -> Sequence[FineTuneSample]:
+        self.run_handovers()
         live = self._live
         if not live:
             return ()
@@ -520,6 +573,8 @@ class JobSharing:
 
     @property
     def wants_steps(self) -> bool:
+        if not self._handovers.empty():
+            return True
         return any(j.co.wants_steps and j.failed is None and j.co._failed is None for j in self._live)
 
     def status(self) -> dict[str, Any]:

@@ -13,11 +13,44 @@ import time
 from typing import Any
 
 from .hostkit import parse_published_name, publish_dir
+from .job_config import JobConfig
 from .job_control import EventLog, JobCallError, job_id
 
-__all__ = ["JobStatusMixin"]
+__all__ = ["JobStatusMixin", "job_object"]
 
 log = logging.getLogger("deltaserve.coserve")
+
+
+def job_object(job: JobConfig, model: str, status: str, created_at: int) -> dict[str, Any]:
+    """``job`` as OpenAI's ``fine_tuning.job`` object before anything of it ran: what its settings say, nothing
+    trained or published. A running job's status fills in the rest; a job still being prepared (a create over HTTP
+    answered before its dataset loaded) shows this as it is."""
+    lora = job.lora
+    return {
+        "object": "fine_tuning.job", "id": job_id(job.adapter_name), "model": model, "training_file": job.dataset,
+        "validation_file": None, "status": status, "created_at": created_at, "finished_at": None,
+        "trained_tokens": 0, "estimated_finish": None,
+        "hyperparameters": {"n_epochs": job.epochs, "batch_size": job.backward_batch_tokens, "learning_rate": job.lr,
+                            "weight_decay": job.weight_decay},
+        "method": {"type": "supervised"}, "seed": job.seed, "fine_tuned_model": None, "result_files": [],
+        "error": None,
+        "deltaserve": {
+            "adapter_name": job.adapter_name, "step": 0, "loss": None, "optimizer_steps_this_run": 0,
+            "paused_by": None, "paused_reason": None, "cancel_requested": False, "backward_busy": False,
+            # the dataset's size is known once it loaded
+            "progress": {"epoch": 0, "epochs": job.epochs, "samples_completed": 0, "samples_total": None,
+                         "fraction": 0.0},
+            "batch_size_unit": "tokens",
+            "slo": {"ttft_s": job.slo.ttft_s, "tpot_s": job.slo.tpot_s, "avg_tpot_s": job.slo.avg_tpot_s},
+            "slo_attainment": {"requests": 0, "ttft": None, "tpot": None, "slo": None},
+            "lora": {"r": lora.r, "alpha": lora.lora_alpha, "target_modules": list(lora.target_modules),
+                     "dropout": lora.lora_dropout},
+            "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps,
+                        "keep": job.checkpoint.keep, "dir": str(publish_dir(job))},
+            "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
+            "published": [],
+        },
+    }
 
 
 class JobStatusMixin:
@@ -193,39 +226,23 @@ class JobStatusMixin:
             error = {"code": "backward_failed", "message": self._failed, "param": None}
         paused_by = ("operator" if self._operator_paused else "checkpoint_saves" if self.stats.paused_reason
                      else "nonfinite_steps" if self.stats.training_paused else None)
-        job, lora = self.job, self.job.lora
-        return {
-            "object": "fine_tuning.job", "id": self.job_id, "model": self.spec.path, "training_file": job.dataset,
-            "validation_file": None, "status": status, "created_at": self.created_at,
-            "finished_at": self._cancelled_at if status == "cancelled" else
-            self._finished_at if status == "succeeded" else None,
-            "trained_tokens": self._trained_tokens(), "estimated_finish": self._estimated_finish(progress["fraction"]),
-            "hyperparameters": {"n_epochs": job.epochs, "batch_size": job.backward_batch_tokens,
-                                "learning_rate": job.lr, "weight_decay": job.weight_decay},
-            "method": {"type": "supervised"}, "seed": job.seed,
-            "fine_tuned_model": self.stats.published[-1] if self.stats.published else None,
-            "result_files": [], "error": error,
-            "deltaserve": {
-                "adapter_name": job.adapter_name, "step": self.stats.adapter_step,
-                "loss": losses[-1] if losses else None, "optimizer_steps_this_run": self.stats.optimizer_steps,
-                "paused_by": paused_by, "paused_reason": self.stats.paused_reason or self.stats.training_paused,
-                "cancel_requested": self._cancel_requested and status != "cancelled",
-                "backward_busy": bool(self.backward is not None and self.backward.busy),
-                "progress": {k: progress[k] for k in ("epoch", "epochs", "samples_completed", "samples_total",
-                                                      "fraction")},
-                "batch_size_unit": "tokens",
-                "slo": {"ttft_s": job.slo.ttft_s, "tpot_s": job.slo.tpot_s, "avg_tpot_s": job.slo.avg_tpot_s},
-                "slo_attainment": self.slo_monitor.attainment(),
-                "lora": {"r": lora.r, "alpha": lora.lora_alpha, "target_modules": list(lora.target_modules),
-                         "dropout": lora.lora_dropout},
-                "publish": {"policy": job.publish.policy, "every_steps": job.publish.every_steps,
-                            "keep": job.checkpoint.keep, "dir": str(publish_dir(job))},
-                "checkpoint": {"dir": job.checkpoint.dir, "every_steps": job.checkpoint.every_steps},
-                "published": [self._published_log.get(n, {"name": n, "step": (parse_published_name(n) or (None, None))[1], "loss": None,
-                                                          "created_at": None}) for n in self.stats.published],
-                **({"data_parallel": self._dp_status()} if getattr(self, "dp", None) is not None else {}),
-            },
-        }
+        out = job_object(self.job, self.spec.path, status, self.created_at)
+        out.update(finished_at=self._cancelled_at if status == "cancelled" else
+                   self._finished_at if status == "succeeded" else None,
+                   trained_tokens=self._trained_tokens(), estimated_finish=self._estimated_finish(progress["fraction"]),
+                   fine_tuned_model=self.stats.published[-1] if self.stats.published else None, error=error)
+        out["deltaserve"].update(
+            step=self.stats.adapter_step, loss=losses[-1] if losses else None,
+            optimizer_steps_this_run=self.stats.optimizer_steps, paused_by=paused_by,
+            paused_reason=self.stats.paused_reason or self.stats.training_paused,
+            cancel_requested=self._cancel_requested and status != "cancelled",
+            backward_busy=bool(self.backward is not None and self.backward.busy),
+            progress={k: progress[k] for k in ("epoch", "epochs", "samples_completed", "samples_total", "fraction")},
+            slo_attainment=self.slo_monitor.attainment(),
+            published=[self._published_log.get(n, {"name": n, "step": (parse_published_name(n) or (None, None))[1],
+                                                   "loss": None, "created_at": None}) for n in self.stats.published],
+            **({"data_parallel": self._dp_status()} if getattr(self, "dp", None) is not None else {}))
+        return out
 
     def job_checkpoints(self) -> list[dict[str, Any]]:
         """This run's checkpoints, oldest first, as OpenAI's ``fine_tuning.job.checkpoint`` objects (``metrics``:

@@ -34,6 +34,7 @@ from .job_config import JobConfig, JobConfigError, load_job_config
 from .job_control import JobCallError, job_call
 from .job_create import (CreatedJob, JobsSettings, config_error, current_suffix, forget_created, job_from_request,
                          operator_state, save_created, save_operator_state)
+from .job_prepare import PreparingJob
 from .job_sharing import JobSharing
 
 if TYPE_CHECKING:
@@ -248,14 +249,18 @@ class EngineRuntime:
 
     def _add_job(self, job: JobConfig, latency: LatencyModel | None, calibration: Mapping[str, Any] | None) -> Any:
         assert self.sharing is not None
-        return self.sharing.add(job, latency_model=latency, calibration=calibration, log_every_s=self.log_every_s,
-                                dp_rank=self.dp_rank, **self._start_options["coserver_options"])
+        return self.sharing.add(job, **self._job_options(latency, calibration))
 
-    def _run_job(self, co: Any, record: dict[str, Any] | None) -> None:
-        """Start ``co`` (forgotten again if its start fails) and export its metrics."""
+    def _job_options(self, latency: LatencyModel | None, calibration: Mapping[str, Any] | None) -> dict[str, Any]:
+        return dict(latency_model=latency, calibration=calibration, log_every_s=self.log_every_s,
+                    dp_rank=self.dp_rank, **self._start_options["coserver_options"])
+
+    def _run_job(self, co: Any, record: dict[str, Any] | None, begin: Callable[[], Any] | None = None) -> None:
+        """Start ``co`` (``begin``: how, default its ``start()``; forgotten again if that fails) and export its
+        metrics."""
         assert self.sharing is not None
         try:
-            co.start()
+            (begin or co.start)()
         except BaseException:
             self.sharing.remove(co)
             raise
@@ -330,9 +335,10 @@ class EngineRuntime:
         return result
 
     def _active(self) -> list[Any]:
-        """The jobs that count against ``jobs.max_concurrent``: every one not succeeded, failed or cancelled."""
+        """The jobs that count against ``jobs.max_concurrent``: every one not succeeded, failed or cancelled, those
+        still being prepared included (each will hold a backward process and its memory)."""
         out = []
-        for co in self.coservers:
+        for co in self._known.values():
             co.refresh()
             if co.job_status()["status"] not in _ENDED:
                 out.append(co)
@@ -365,23 +371,52 @@ class EngineRuntime:
         except JobConfigError as exc:
             raise config_error(exc) from None
         self._drop_ended()  # their backward processes go; what the API shows of them stays
-        latency = self._latency_for_new_job()
-        try:
-            co = self._add_job(created.job, latency, None)
-        except (ValueError, OSError) as exc:  # JobConfigError included: a bad dataset is the client's 400
-            raise JobCallError(400, f"training_file: not a usable dataset: {exc}", code="invalid_training_file",
-                               param="training_file") from None
+        latency = self._latency_for_new_job()  # here: a running job's model is refit on this thread
         previous = current_suffix(self.jobs)
-        save_created(created, self.jobs)
-        try:
-            self._run_job(co, created.record)
-        except Exception as exc:  # noqa: BLE001 - the client's 500; the engine, its inference and other jobs go on
-            log.exception("DeltaServe: the created job %s did not start", co.job_id)
+        save_created(created, self.jobs)  # a restart while it is prepared starts it, as any accepted job
+        sharing = self.sharing
+
+        def build() -> Any:  # on the job's own thread: the dataset loads and tokenises there
+            try:
+                return sharing.build(created.job, **self._job_options(latency, None))
+            except (ValueError, OSError) as exc:  # JobConfigError included: a bad dataset is the client's error
+                raise JobCallError(400, f"training_file: not a usable dataset: {exc}", code="invalid_training_file",
+                                   param="training_file") from None
+
+        model = self.host.model_spec().path if self.host is not None else ""
+        prep = PreparingJob(created, model, build=build,
+                            done=lambda p: sharing.hand_over(lambda: self._prepared(p, previous)))
+        self._known[prep.job_id] = prep
+        self._records[prep.job_id] = created.record
+        prep.events.add("info", f"created over HTTP (training file {created.record['training_file']}): validating "
+                                "it and starting the job's backward process, beside the engine's steps")
+        prep.start()
+        return prep.job_status()
+
+    def _prepared(self, prep: PreparingJob, previous: str | None) -> None:
+        """On the engine's thread, once ``prep``'s thread has ended: a prepared job joins the host and runs (the
+        runtime answers for its CoServer from now on); a failed one leaves no trace on disk, so a restart does not
+        try it again (the API still shows it failed until then)."""
+        assert self.sharing is not None and self.jobs is not None
+        created = CreatedJob(prep.job, prep.record)
+        if prep.state == "ready" and self.stopping:
+            prep.abandon(stopping=True)  # released; not run now, it is prepared again at the next start
+        elif prep.state == "ready":
+            co = prep.co
+            try:
+                self.sharing.join(co)  # type: ignore[arg-type]
+                self._run_job(co, prep.record, begin=co.attach)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the job fails; the engine, its inference and other jobs go on
+                log.exception("DeltaServe: the created job %s did not start", prep.job_id)
+                prep.fail({"code": "job_start_failed", "message": f"job {prep.job_id} did not start: {exc}",
+                           "param": None})
+            else:
+                prep.attached()
+                self._known[prep.job_id] = co  # in its place: the list keeps the order jobs were created in
+                return
+        if prep.state == "failed":
+            self._ended_noted.add(prep.job_id)  # nothing may write into the folder that goes now
             forget_created(created, self.jobs, previous)
-            raise JobCallError(500, f"job {co.job_id} did not start: {exc}", type="server_error",
-                               code="job_start_failed") from None
-        co.events.add("info", f"created over HTTP (training file {created.record['training_file']})")
-        return co.job_status()
 
     def _drop_ended(self) -> None:
         """Remove the jobs that ended from the host (their final checkpoints are written); the API keeps answering
@@ -441,7 +476,12 @@ class EngineRuntime:
     @property
     def wants_steps(self) -> bool:
         """Whether the engine's loop should keep stepping for its jobs (fine-tuning-only steps)."""
-        return not self.stopping and self.sharing is not None and bool(self.sharing.wants_steps)
+        return not self.stopping and self.sharing is not None and (bool(self.sharing.wants_steps)
+                                                                   or bool(self._preparing()))
+
+    def _preparing(self) -> list[PreparingJob]:
+        """The created jobs whose preparation has not ended (the engine must keep stepping to take them over)."""
+        return [j for j in self._known.values() if isinstance(j, PreparingJob) and j.state in ("preparing", "ready")]
 
     # ------------------------------------------------------------------------------------ stop
 
@@ -494,6 +534,12 @@ class EngineRuntime:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
         try:
+            preparing = self._preparing()
+            for prep in preparing:  # a started backward process is killed: the job resumes at the next start
+                prep.abandon(stopping=True)
+            for prep in preparing:
+                if not prep.wait(self.stop_timeout_s()):
+                    log.warning("DeltaServe: job %s was still being prepared when the server stopped", prep.job_id)
             for co in self.coservers:
                 co.stop_admission()
             for co in self.coservers:

@@ -14,7 +14,7 @@ runtime LoRA loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which also opens the
 - forgets versions DeltaServe retired (``checkpoint.keep``) in that table, so new requests for them are refused
   (the engine's LRU evicts their weights; removing them at once could fail a request still running on one);
 - when the operator did turn runtime loading on for their own adapters, refuses every client load or unload that
-  touches DeltaServe: its names (the reserved fine-tuning adapter, the job's adapter name and anything
+  touches DeltaServe: its names (the reserved fine-tuning adapter, every job's adapter name and anything
   ``<adapter>@...``, compared after Unicode normalisation, trimming and case folding), its folders (the checkpoint
   folder and everything under it, symlinks resolved) and the versions it serves (no ``load_inplace`` over them).
 
@@ -39,11 +39,13 @@ from deltaserve_core.hooks import RESERVED_ADAPTER_NAME
 from deltaserve_core.hostkit import published_pattern
 from deltaserve_core.job_config import LATEST_SUFFIX
 
-__all__ = ["AdapterNamespace", "install", "installed_namespace"]
+__all__ = ["AdapterNamespace", "install", "installed_namespaces"]
 
 log = logging.getLogger("deltaserve.vllm")
 
 _MARK = "__deltaserve_guard__"
+#: every job's namespace in this server, by adapter name: each job's versions are served by name, whichever job was
+#: created last
 _STATE: dict[str, AdapterNamespace] = {}
 
 
@@ -108,16 +110,16 @@ def _servable(folder: Path) -> bool:
     return (folder / "adapter_config.json").is_file() and not (folder / ".retired").exists()
 
 
-def installed_namespace() -> AdapterNamespace | None:
-    """The namespace :func:`install` guards in this process (None: DeltaServe is not enabled here)."""
-    return _STATE.get("namespace")
+def installed_namespaces() -> tuple[AdapterNamespace, ...]:
+    """The namespaces :func:`install` guards in this process, one per job (none: DeltaServe is not enabled here)."""
+    return tuple(_STATE.values())
 
 
 def install(namespace: AdapterNamespace) -> None:
-    """Guard vLLM's adapter endpoints and serve published versions by name, in this (API server) process.
-
-    Idempotent; a later call replaces the namespace (one DeltaServe job per server)."""
-    _STATE["namespace"] = namespace
+    """Guard vLLM's adapter endpoints and serve ``namespace``'s published versions by name, in this (API server)
+    process, beside those of the namespaces installed before (a server runs several jobs); a namespace of the same
+    adapter name replaces the earlier one. Idempotent."""
+    _STATE[namespace.adapter_name] = namespace
     from vllm.entrypoints.openai.models.serving import OpenAIServingModels
 
     _wrap(OpenAIServingModels, "load_lora_adapter", _guarded_load)
@@ -166,13 +168,13 @@ def _load_refused(name: Any) -> Any:
 
 def _guarded_load(original: Any) -> Any:
     async def load_lora_adapter(self: Any, request: Any, base_model_name: str | None = None) -> Any:
-        ns = installed_namespace()
-        if ns is None:
+        spaces = installed_namespaces()
+        if not spaces:
             return await original(self, request, base_model_name)
         name = getattr(request, "lora_name", None)
         current = self.lora_requests.get(name) if isinstance(name, str) else None
-        if (ns.owns_name(name) or ns.owns_path(getattr(request, "lora_path", None))
-                or (current is not None and ns.owns_path(current.lora_path))):
+        if any(ns.owns_name(name) or ns.owns_path(getattr(request, "lora_path", None))
+               or (current is not None and ns.owns_path(current.lora_path)) for ns in spaces):
             log.warning("refused a client load of LoRA adapter %r from %r: DeltaServe's names and folders are not "
                         "loadable through the API", name, getattr(request, "lora_path", None))
             return _load_refused(name)
@@ -190,12 +192,12 @@ def _guarded_load(original: Any) -> Any:
 
 def _guarded_unload(original: Any) -> Any:
     async def unload_lora_adapter(self: Any, request: Any) -> Any:
-        ns = installed_namespace()
-        if ns is None:
+        spaces = installed_namespaces()
+        if not spaces:
             return await original(self, request)
         name = getattr(request, "lora_name", None)
         current = self.lora_requests.get(name) if isinstance(name, str) else None
-        if ns.owns_name(name) or (current is not None and ns.owns_path(current.lora_path)):
+        if any(ns.owns_name(name) or (current is not None and ns.owns_path(current.lora_path)) for ns in spaces):
             log.warning("refused a client unload of LoRA adapter %r: DeltaServe's versions are not unloadable "
                         "through the API", name)
             # the same answer as for a name that was never loaded
@@ -207,15 +209,15 @@ def _guarded_unload(original: Any) -> Any:
 
 def _serving_published(original: Any) -> Any:
     async def _check_model(self: Any, request: Any) -> Any:
-        ns = installed_namespace()
         models = getattr(self, "models", None)
-        if ns is not None and hasattr(models, "lora_requests") and hasattr(models, "engine_client"):
-            await _forget_pruned(models, ns)
+        if hasattr(models, "lora_requests") and hasattr(models, "engine_client"):
             name = getattr(request, "model", None)
-            if name == ns.latest_alias:
-                await _point_latest(models, ns)
-            else:
-                await _admit_published(models, ns, name)
+            for ns in installed_namespaces():  # a name is at most one job's: each checks its own spelling
+                await _forget_pruned(models, ns)
+                if name == ns.latest_alias:
+                    await _point_latest(models, ns)
+                else:
+                    await _admit_published(models, ns, name)
         return await original(self, request)
 
     return _check_model
@@ -223,15 +225,16 @@ def _serving_published(original: Any) -> Any:
 
 def _listing_published(original: Any) -> Any:
     async def show_available_models(self: Any) -> Any:
-        ns = installed_namespace()
-        if ns is None:
-            return await original(self)
-        await _forget_pruned(self, ns)
-        for name in ns.published_versions():
-            await _admit_published(self, ns, name)
-        alias = await _point_latest(self, ns)
+        aliases = []
+        for ns in installed_namespaces():
+            await _forget_pruned(self, ns)
+            for name in ns.published_versions():
+                await _admit_published(self, ns, name)
+            alias = await _point_latest(self, ns)
+            if alias is not None:
+                aliases.append((ns, alias))
         listing = await original(self)
-        if alias is not None:
+        for ns, alias in aliases:
             # vLLM names each card after its LoRARequest, so the alias's entry came out as a second card of the
             # version it points at: that second one is the alias's.
             dup = [i for i, card in enumerate(listing.data) if card.id == alias.lora_name]

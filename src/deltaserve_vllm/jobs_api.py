@@ -113,9 +113,8 @@ class JobsApiPlugin:
 
 
 def _serve_published_versions(job: dict[str, Any]) -> None:
-    """A created job's published versions are served by name from this process, as the declared job's are
-    (:mod:`.guard`, which holds one job's namespace: the newest created job's replaces the previous one's; the
-    other jobs' versions stay on disk)."""
+    """A created job's published versions are served by name from this process, beside every other job's
+    (:mod:`.guard`); the create's answer names its folders before it has published anything."""
     from .guard import AdapterNamespace, install
 
     ds = job["deltaserve"]

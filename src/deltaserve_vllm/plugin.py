@@ -123,7 +123,7 @@ def configure_engine_args(args: Any) -> bool:
         settings["job"] = str(Path(settings["job"]).expanduser().resolve())
     settings[JOBS_KEY] = jobs_settings(settings).as_mapping()
     every_job = [j for j, _ in startup_jobs(settings)]  # refuses a bad config, naming the field and the fix
-    job = every_job[-1] if every_job else None  # the newest: its published versions are served by name
+    job = every_job[-1] if every_job else None  # the newest, named in the start line
     for name, allowed in (("scheduler_cls", (_SCHEDULER, _ASYNC_SCHEDULER)),
                           ("worker_extension_cls", (_WORKER_EXTENSION,))):
         current = getattr(args, name)
@@ -176,8 +176,10 @@ def configure_engine_args(args: Any) -> bool:
 
     # Runtime LoRA loading stays as the operator set it (VLLM_ALLOW_RUNTIME_LORA_UPDATING): published versions
     # are served through the guard, in this process, and never through the public load endpoint.
-    if job is not None:  # a job created later installs its own (jobs_api)
-        install(AdapterNamespace(job.adapter_name, job.checkpoint.dir, publish_dir(job)))
+    # every job the server starts with, so each one's versions are served by name (a job created later installs its
+    # own: jobs_api)
+    for started in every_job:
+        install(AdapterNamespace(started.adapter_name, started.checkpoint.dir, publish_dir(started)))
     from .metrics import METRICS_FILE_KEY, install_api_server_collector
 
     # DeltaServe's metrics on this server's /metrics: the EngineCore writes what this process serves

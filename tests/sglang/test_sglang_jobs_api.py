@@ -10,7 +10,9 @@ polls, never timed) and resume moves them again; events and checkpoints page new
 jobs: a second job created over HTTP trains beside the first, a third is refused (the limit), pausing the first
 holds its trained tokens (API and /metrics) while the second's grow, cancelling the second ends it, /metrics shows
 each job's series; bad creates are refused naming the field (a symlink out of the data directory among them); a
-created job trains and succeeds in the room the cancelled one left. The server is stopped and started again with
+training file that fails to load fails that job alone after the create answered ``validating_files``, a job
+cancelled while validating files leaves no process behind; a created job trains and succeeds in the room the
+cancelled one left. The server is stopped and started again with
 the same environment: the paused job comes back paused at its step, alone (the ended jobs stay ended), and trains
 once resumed; a request without the key is refused. Last, the server is started without a job file (a fresh jobs
 folder, the calibration the first start stored): it starts with no job, and a create starts one. Client requests
@@ -37,9 +39,10 @@ import pytest
 
 from test_sglang_server import API_KEY, HAVE_SGLANG, _argv, _env, _free_port, _http, _Server
 from deltaserve_core.testing.servers import wait_until_up
-from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, metrics_show_each_job,
-                                            past_the_limit_is_refused, pause_one_the_other_trains,
-                                            second_job_trains_beside_the_first)
+from deltaserve_core.testing.two_jobs import (JobsApi, cancel_the_other, cancel_while_validating_files,
+                                            metrics_show_each_job, past_the_limit_is_refused,
+                                            pause_one_the_other_trains, preparation_failure_is_contained,
+                                            second_job_trains_beside_the_first, unloadable_training_file)
 
 pytestmark = pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed (bash scripts/setup_sglang.sh)")
 
@@ -56,6 +59,7 @@ def _write_job(root: Path) -> Path:
     (root / "data" / "train.json").write_text(json.dumps(records[:16]))
     (root / "secret.json").write_text(json.dumps(records))
     (root / "data" / "link.json").symlink_to(root / "secret.json")  # inside the folder, pointing out of it
+    unloadable_training_file(root / "train.json", root / "data" / "uploaded.json")
     job = root / "job.yaml"
     job.write_text("dataset: train.json\nadapter_name: sgjobs\nlora: {r: 8, alpha: 16}\nepochs: 1000\n"
                    "backward_batch_tokens: 96\nmax_length: 64\nbuffer_tokens: 512\nslo: {ttft_s: 5.0, tpot_s: 5.0}\n"
@@ -248,10 +252,23 @@ def test_a_bad_create_is_refused_naming_the_field(server: dict) -> None:
     assert _ids(server) == [JOB_ID, SECOND_ID]  # nothing started
 
 
+def test_a_training_file_that_fails_to_load_fails_the_job_alone(server: dict) -> None:
+    preparation_failure_is_contained(_ops(server), _create_body(server, suffix="broken", training_file="uploaded.json"),
+                                     {JOB_ID: "paused", SECOND_ID: "cancelled"}, server["root"] / "jobs",
+                                     lambda: _served(server))
+
+
+def test_a_job_cancelled_while_validating_files_leaves_nothing_running(server: dict) -> None:
+    cancel_while_validating_files(_ops(server), _create_body(server, suffix="early"), server["server"].proc.pid)
+    _served(server)
+
+
 def test_a_created_job_trains_and_succeeds(server: dict) -> None:
     status, job = _create(server, _create_body(server, metadata={"k": "v"}))
     assert status == 200 and job["id"] == "ftjob-made" and job["metadata"] == {"k": "v"}, job
-    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-made"]  # a cancelled job does not count to the limit
+    assert job["status"] == "validating_files", job  # answered before its dataset loads
+    # neither a cancelled nor a failed job counts to the limit
+    assert _ids(server) == [JOB_ID, SECOND_ID, "ftjob-broken", "ftjob-early", "ftjob-made"]
     done = _wait_for(server, lambda j: j["status"] == "succeeded", "the created job to succeed", job_id="ftjob-made")
     assert done["trained_tokens"] > 0 and done["deltaserve"]["step"] > 0, done
     _served(server)
@@ -263,7 +280,7 @@ def test_a_restarted_server_resumes_the_paused_job_paused(server: dict) -> None:
     server["server"].proc.send_signal(signal.SIGTERM)  # as an operator stops it: the final checkpoints
     assert server["server"].wait_exit(120) is not None, server["server"].text()[-4000:]
     _start(server, server["env"], "restart.log")
-    assert _ids(server) == [JOB_ID]  # the cancelled and the succeeded job are not started again
+    assert _ids(server) == [JOB_ID]  # the cancelled, failed and succeeded jobs are not started again
     again = _job(server)
     assert again["status"] == "paused" and again["deltaserve"]["step"] == paused["deltaserve"]["step"], again
     status, body = _api(server, "POST", f"/{JOB_ID}/resume")

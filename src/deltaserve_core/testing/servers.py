@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["http_json", "processes_with_env", "wait_until_up"]
+__all__ = ["alive", "http_json", "process_tree", "processes_with_env", "wait_until_up"]
 
 
 def http_json(method: str, url: str, body: Any = None, *, key: str | None = None,
@@ -75,3 +75,38 @@ def processes_with_env(entry: str) -> list[int]:
         if entry.encode() in env.split(b"\0"):
             found.append(int(pid))
     return found
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name (field 2) may hold spaces and parentheses: the fields after its last ')' are fixed
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant of it."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        if Path(f"/proc/{p}").exists():
+            out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing

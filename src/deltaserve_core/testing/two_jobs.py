@@ -10,18 +10,21 @@ that the server is alive; nothing compares durations.
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
 from ..metrics import JOB_LABEL
 from .metrics import Series, assert_sane, parse_exposition
-from .servers import http_json
+from .servers import alive, http_json, process_tree
 
-__all__ = ["JobsApi", "cancel_the_other", "metrics_show_each_job", "pause_one_the_other_trains",
-           "past_the_limit_is_refused", "second_job_trains_beside_the_first"]
+__all__ = ["JobsApi", "cancel_the_other", "cancel_while_validating_files", "metrics_show_each_job",
+           "pause_one_the_other_trains", "past_the_limit_is_refused", "preparation_failure_is_contained",
+           "second_job_trains_beside_the_first", "unloadable_training_file"]
 
 
 @dataclass
@@ -79,7 +82,8 @@ def second_job_trains_beside_the_first(api: JobsApi, first: str, body: dict[str,
     before = api.job(first)["trained_tokens"]
     status, job = api.call("POST", body=body)
     second = f"ftjob-{body['suffix']}"
-    assert status == 200 and job["id"] == second, job
+    # answered before the job's dataset loads and its backward starts, which happen beside the engine's steps
+    assert status == 200 and job["id"] == second and job["status"] == "validating_files", job
     assert api.ids() == [first, second]
     api.wait_for(second, lambda j: j["trained_tokens"] > 0, "the second job's first trained tokens")
     api.wait_for(first, lambda j: j["trained_tokens"] > before, "the first job training on beside it")
@@ -154,3 +158,65 @@ def metrics_show_each_job(api: JobsApi, jobs: dict[str, bool], *, multiprocess: 
         assert_sane(series, _label(job_id), published=published, multiprocess=multiprocess)
         assert 0 < (api.metric("deltaserve_data_progress_ratio", _label(job_id), series) or 0) < 1
     return series
+
+
+def unloadable_training_file(records_file: Path, path: Path) -> Path:
+    """``records_file``'s records written to ``path`` gzip-compressed under its ``.json`` name, as an upload that
+    was compressed on the way: it is a file inside the data directory, so a create passes every check made before
+    it is answered, and fails only when the job's dataset loads."""
+    path.write_bytes(gzip.compress(records_file.read_bytes()))
+    return path
+
+
+def preparation_failure_is_contained(api: JobsApi, body: dict[str, Any], others: dict[str, str],
+                                     jobs_dir: Path, serve: Callable[[], None]) -> dict[str, Any]:
+    """Create ``body``'s job, whose training file cannot be loaded (:func:`unloadable_training_file`): the create
+    is answered ``validating_files``, the job then ends ``failed`` with OpenAI's error object naming the training
+    file, ``serve`` (a client request) is answered throughout, the ``others`` jobs keep their statuses (id ->
+    status), and the job leaves nothing in ``jobs_dir`` for a restart to try again. Returns the failed job."""
+    status, job = api.call("POST", body=body)
+    job_id = f"ftjob-{body['suffix']}"
+    assert status == 200 and job["id"] == job_id and job["status"] == "validating_files", job
+    serve()
+    failed = api.wait_for(job_id, lambda j: j["status"] != "validating_files", "the preparation to end")
+    assert failed["status"] == "failed" and failed["finished_at"] is not None, failed
+    error = failed["error"]
+    assert error["code"] == "invalid_training_file" and error["param"] == "training_file", error
+    assert "not a usable dataset" in error["message"] and "is not a JSON list of records" in error["message"], error
+    serve()
+    assert {other: api.job(other)["status"] for other in others} == others
+    status, events = api.call("GET", f"/{job_id}/events?limit=100")
+    assert status == 200 and events["data"][0]["level"] == "error", events
+    status, answer = api.call("POST", f"/{job_id}/cancel")
+    assert status == 409 and answer["error"]["code"] == "job_not_active", answer
+    deadline = time.monotonic() + 60
+    while (jobs_dir / body["suffix"]).exists():  # removed on the engine's thread, just after the status changed
+        assert time.monotonic() < deadline, f"{jobs_dir / body['suffix']} is still there"
+        time.sleep(0.5)
+    return failed
+
+
+def cancel_while_validating_files(api: JobsApi, body: dict[str, Any], server_pid: int) -> dict[str, Any]:
+    """Create ``body``'s job and cancel it at once, while it is prepared: it ends ``cancelled`` without training,
+    cannot be resumed, and leaves no process of the server behind (its backward process, if one started, is
+    gone). Returns the cancelled job."""
+    before = set(process_tree(server_pid))
+    status, job = api.call("POST", body=body)
+    job_id = f"ftjob-{body['suffix']}"
+    assert status == 200 and job["status"] == "validating_files", job
+    status, job = api.call("POST", f"/{job_id}/cancel")
+    assert status == 200, job
+    # still preparing (its backward process being released), or released already
+    assert job["status"] == "cancelled" or (job["status"] == "validating_files"
+                                            and job["deltaserve"]["cancel_requested"]), job
+    job = api.wait_for(job_id, lambda j: j["status"] == "cancelled", "cancelled")
+    assert job["trained_tokens"] == 0 and job["finished_at"] is not None and job["error"] is None, job
+    status, answer = api.call("POST", f"/{job_id}/resume")
+    assert status == 409 and answer["error"]["code"] == "job_not_active", answer
+    status, events = api.call("GET", f"/{job_id}/events?limit=100")
+    assert any("cancelled while validating files" in e["message"] for e in events["data"]), events
+    deadline = time.monotonic() + 60
+    while left := sorted(p for p in set(process_tree(server_pid)) - before if alive(p)):
+        assert time.monotonic() < deadline, f"processes left by the cancelled job: {left}"
+        time.sleep(0.5)
+    return job
