@@ -327,6 +327,24 @@ def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEn
     if wrong is not None:
         raise _fail(env, "driver", f"a prompt of {length} tokens (the whole step budget) decoded wrongly: "
                     f"{wrong.describe()}")
+    # Past the context: a prompt that fits the step budget but whose max_tokens run past the checkpoint's positions
+    # is refused by submit() or served in full; an engine that stops it at its length limit and reports it finished
+    # cuts a client's answer short without a word (blind batch 2026-12-07c, h11).
+    context = _context_length(env)
+    over = min(budget, context - 1)
+    if over + max_tokens > context:
+        late = make_prompts(env, 1, seed=58, max_tokens=max_tokens, adapter_every=0, prefix="past-context",
+                            length_range=(over, over))[0]
+        try:
+            env.host.submit(late)  # type: ignore[attr-defined]
+        except ValueError:
+            return
+        got = [o for o in env.run_stepwise([], max_steps=200) if o.request_id == late.request_id]
+        if len(got) != 1 or len(got[0].token_ids) != max_tokens:
+            raise _fail(env, "driver", f"a prompt of {over} tokens with max_tokens={max_tokens} (past the "
+                        f"checkpoint's {context} positions) was accepted by submit() and came back as "
+                        f"{[len(o.token_ids) for o in got]} token(s); expected submit() to refuse it (ValueError "
+                        f"naming the limit) or {max_tokens} tokens, never an answer cut short")
 
 
 @check("set_finetune_adapter")

@@ -2514,6 +2514,17 @@ class StrictBudgetFitHost(ReferenceHost):
             self.config = full
 
 
+class CapsAtContextHost(ReferenceHost):
+    """Accepts a request whose prompt + max_tokens run past the checkpoint's positions and stops it there, reported
+    finished (vLLM's FINISHED_LENGTH_CAPPED, SGLang's silent max_new_tokens cap; blind batch 2026-12-07c, h11)."""
+
+    name = "broken-caps-at-context"
+
+    def submit(self, request: ClientRequest) -> None:
+        room = self.model.config.max_position_embeddings - len(request.prompt_ids)
+        super().submit(dataclasses.replace(request, max_tokens=max(1, min(request.max_tokens, room))))
+
+
 class ArrivalBeforeEnqueueHost(ReferenceHost):
     """on_arrival is called before the request is queued: during it has_unfinished() does not count the request (blind
     batch 2026-12-07b, h26)."""
@@ -2797,6 +2808,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     ProfileDropsPlaceholderIdsHost: "run_profile_step__finetune_rows_never_dropped",
     RetractsByPrefixHost: "retract_adapter__withdraws_exactly_that_version",
     StrictBudgetFitHost: "deep_model__driver__a_prompt_of_the_whole_step_budget_is_served",
+    CapsAtContextHost: "driver__a_prompt_of_the_whole_step_budget_is_served",
     AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
     ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
     # the client adapter stays overwritten after that check: the later rank check serves it on the wrong weights too

@@ -143,6 +143,7 @@ class VllmHost(ChannelHooks):
             close_channel(self._channel.key)
             raise
         self._engine = self._llm.llm_engine
+        self._max_model_len = int(self._engine.model_config.max_model_len)
         core = getattr(self._engine.engine_core, "engine_core", None)
         if self._async and (core is None or core.batch_queue is None):
             self.shutdown()
@@ -261,6 +262,12 @@ class VllmHost(ChannelHooks):
         check_client_adapter(request, self._adapters)
         if request.request_id in self._live or request.request_id.startswith(_PROFILE_PREFIX):
             raise ValueError(f"request id {request.request_id!r} is already in flight or reserved")
+        # vLLM stops a request at max_model_len and reports it finished (FINISHED_LENGTH_CAPPED): refused here,
+        # so that an accepted request always gets the tokens it asked for.
+        if len(request.prompt_ids) + request.max_tokens > self._max_model_len:
+            raise ValueError(f"request {request.request_id!r}: a prompt of {len(request.prompt_ids)} tokens with "
+                             f"max_tokens={request.max_tokens} exceeds vLLM's max_model_len={self._max_model_len}; "
+                             "shorten the prompt or lower max_tokens")
         slo = request.slo
         info: dict[str, Any] = {"id": request.request_id}
         if slo is not None:
