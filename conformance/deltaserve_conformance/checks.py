@@ -2051,6 +2051,29 @@ def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv)
 
 
 @check("intercept_schedule")
+def check_intercept_schedule__prefill_context_is_what_the_prompt_computed_before(env: ConformanceEnv) -> None:
+    """ScheduledRequest.context_tokens of a prefill row is the KV the request already has before the step: 0 in the
+    first step of a prompt nothing before shared (fresh random tokens: no prefix-cache hit), then the prompt tokens
+    its earlier chunks computed. Blind batch 2026-12-07c, h27: ``seq_len - 1`` for every row, right for decodes only,
+    so every prefill was priced as attending over its own prompt."""
+    requests, _, views = _scheduled_views(env, seed=37)
+    problems: list[str] = []
+    for r in requests:
+        computed = 0
+        for b, v, in_scheduled, _, _ in views[r.request_id]:
+            if not in_scheduled or v.prefill_tokens == 0:
+                continue
+            if v.context_tokens != computed:
+                problems.append(f"{r.request_id} ({len(r.prompt_ids)}-token prompt) in step {b.step_id}: prefill of "
+                                f"{v.prefill_tokens} tokens with context_tokens={v.context_tokens}, expected {computed} "
+                                "(the prompt tokens its earlier steps computed)")
+            computed += v.prefill_tokens
+    if problems:
+        raise _fail(env, "intercept_schedule", "ScheduledRequest.context_tokens is the KV-cache length before the "
+                    "step: " + "; ".join(problems[:4]))
+
+
+@check("intercept_schedule")
 def check_intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt(env: ConformanceEnv) -> None:
     """ScheduledRequest.output_tokens counts the tokens the request generated so far, never its prompt: 0 until the
     step of its last prefill chunk, then one more per step that decoded it (a host with a step in flight may not

@@ -120,6 +120,8 @@ RULES: tuple[Rule, ...] = (
          ("intercept_schedule__scheduled_request_token_times",)),
     Rule("ScheduledRequest", "``output_tokens`` never counts the prompt",
          ("intercept_schedule__scheduled_request_output_tokens_exclude_the_prompt",)),
+    Rule("ScheduledRequest", "never the tokens this step computes",
+         ("intercept_schedule__prefill_context_is_what_the_prompt_computed_before",)),
     Rule("ScheduledRequest", "``slo`` must be the client request's own",
          ("intercept_schedule__scheduled_request_carries_its_slo",)),
     Rule("HostDriver.generate", "Returns exactly one output per request, in request order",

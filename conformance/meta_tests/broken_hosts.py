@@ -1475,6 +1475,25 @@ class OutputTokensCountPromptHost(_WrapsInterceptor):
         return _SequenceLength(interceptor, self)
 
 
+class _PrefillContextSeqLenMinusOne(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        if view.prefill_tokens:
+            return dataclasses.replace(view, context_tokens=view.context_tokens + view.prefill_tokens - 1)
+        return view
+
+
+class PrefillContextSeqLenMinusOneHost(_WrapsInterceptor):
+    """context_tokens is the step's ``seq_len - 1`` for every row: right for decodes, prompt - 1 for a prefill (blind
+    batch 2026-12-07c, h27)."""
+
+    name = "broken-prefill-context-seq-len-minus-one"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _PrefillContextSeqLenMinusOne(interceptor, self)
+
+
 class _TtftOnly(_EditsViews):
     def edit(self, view):  # noqa: ANN001, ANN201
         import dataclasses
@@ -2809,6 +2828,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     RetractsByPrefixHost: "retract_adapter__withdraws_exactly_that_version",
     StrictBudgetFitHost: "deep_model__driver__a_prompt_of_the_whole_step_budget_is_served",
     CapsAtContextHost: "driver__a_prompt_of_the_whole_step_budget_is_served",
+    PrefillContextSeqLenMinusOneHost: "intercept_schedule__prefill_context_is_what_the_prompt_computed_before",
     AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
     ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
     # the client adapter stays overwritten after that check: the later rank check serves it on the wrong weights too

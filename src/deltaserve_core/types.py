@@ -67,7 +67,8 @@ class ScheduledRequest:
 
     ``prefill_tokens`` is the number of prompt tokens this step computes for the request (a chunk when
     the host does chunked prefill); 0 means the request decodes one token in this step.
-    ``context_tokens`` is the KV-cache length the request attends over *before* this step.
+    ``context_tokens`` is the KV-cache length the request attends over *before* this step: for a prefill, the
+    prompt tokens already in the cache (earlier chunks, prefix-cache hits), never the tokens this step computes.
     ``first_token_time`` is set once the request has produced its first token; ``last_token_time`` is the
     time of its most recent token (for the TPOT budget); ``output_tokens`` counts tokens generated so far.
     A request with no token yet has no most recent token: ``last_token_time`` is never set while
