@@ -1960,6 +1960,23 @@ def check_driver__generate_returns_outputs_in_request_order(env: ConformanceEnv)
         raise _fail(env, "driver", f"generate() for {want}, called while {earlier.request_id!r} (submitted earlier with "
                     f"submit(), 1 token to go) was unfinished, returned outputs for {got}; expected exactly one output "
                     "per request it was given, in request order")
+    # The same prompt twice in one call, on the base model and on the client adapter (an A/B of an adapter against
+    # its base): each output is its own request's, paired by position, not by prompt (blind batch 2026-12-07c, h24).
+    prompt = make_prompts(env, 1, seed=38, adapter_every=0, prefix="same-prompt")[0]
+    twins = [dataclasses.replace(prompt, request_id="same-prompt-base", max_tokens=6),
+             dataclasses.replace(prompt, request_id="same-prompt-adapter", max_tokens=6, adapter=env.client_adapter)]
+    outputs = env.run(twins)
+    got = [o.request_id for o in outputs]
+    if got != [t.request_id for t in twins]:
+        raise _fail(env, "driver", f"generate() for two requests with the same prompt (base, then client adapter) "
+                    f"returned outputs for {got}; expected one per request, in request order")
+    for t, o in zip(twins, outputs):
+        wrong = env.independent.greedy_mismatch(env.client_adapter_dir if t.adapter else None, t.prompt_ids,
+                                                o.token_ids)
+        if wrong is not None:
+            raise _fail(env, "driver", f"generate() for two requests with the same prompt, one on the base model and "
+                        f"one on {env.client_adapter!r}: {t.request_id!r} {wrong.describe()}; expected each "
+                        "request's own greedy tokens (outputs paired by position, never by prompt)")
 
 
 def _scheduled_views(env: ConformanceEnv, seed: int, slos: tuple = (None,) * 3):  # noqa: ANN001, ANN202

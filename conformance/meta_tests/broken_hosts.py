@@ -2544,6 +2544,20 @@ class CapsAtContextHost(ReferenceHost):
         super().submit(dataclasses.replace(request, max_tokens=max(1, min(request.max_tokens, room))))
 
 
+class PairsByPromptHost(ReferenceHost):
+    """generate() pairs results with requests through a dict keyed by prompt tokens: requests with the same prompt
+    all get the first one's output (blind batch 2026-12-07c, h24)."""
+
+    name = "broken-generate-pairs-by-prompt"
+
+    def generate(self, requests: Sequence[ClientRequest]) -> list[ClientOutput]:
+        outputs = super().generate(requests)
+        by_prompt: dict[tuple[int, ...], ClientOutput] = {}
+        for r, o in zip(requests, outputs):
+            by_prompt.setdefault(tuple(r.prompt_ids), o)
+        return [by_prompt[tuple(r.prompt_ids)] for r in requests]
+
+
 class ArrivalBeforeEnqueueHost(ReferenceHost):
     """on_arrival is called before the request is queued: during it has_unfinished() does not count the request (blind
     batch 2026-12-07b, h26)."""
@@ -2828,6 +2842,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     RetractsByPrefixHost: "retract_adapter__withdraws_exactly_that_version",
     StrictBudgetFitHost: "deep_model__driver__a_prompt_of_the_whole_step_budget_is_served",
     CapsAtContextHost: "driver__a_prompt_of_the_whole_step_budget_is_served",
+    PairsByPromptHost: "driver__generate_returns_outputs_in_request_order",
     PrefillContextSeqLenMinusOneHost: "intercept_schedule__prefill_context_is_what_the_prompt_computed_before",
     AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
     ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
