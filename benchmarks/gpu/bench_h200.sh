@@ -15,7 +15,8 @@
 # SGLang (HOST=sglang, CUDA SGLang 0.5.15; issue #18): carry the SGLang bundle instead of vLLM's (prepare_sglang_h200.sh:
 #   call 1 carry [".whl-sgl/p1", ".whl/x/tokenizer"]: mkdir -p /tmp/sgl-wheels && cp .whl-sgl/p1/* /tmp/sgl-wheels/ &&
 #          X=.whl/x BUDGET=0 bash benchmarks/gpu/bench_h200.sh          (copies part 1 and builds the model)
-#   call 2 carry [".whl-sgl/p2", ".whl/x"]: source .whl-sgl/p2/device-install.sh && HOST=sglang \
+#   then the middle parts (30 MiB each since the tree grew: cp .whl-sgl/pN/* /tmp/sgl-wheels/), and
+#   last call carry [".whl-sgl/pN", ".whl/x"]: source .whl-sgl/pN/device-install.sh && HOST=sglang \
 #          SYSTEMS=bare,deltaserve,static_mps ... bash benchmarks/gpu/bench_h200.sh
 #   SGLang has no stock/served systems in the bench (no `stock` runner registered); GPU_UTIL becomes SGLang's
 #   mem_fraction_static (of the whole card, where vLLM's gpu_memory_utilization is too).

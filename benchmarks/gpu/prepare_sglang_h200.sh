@@ -8,7 +8,7 @@
 #   /.whl-sgl/ to "$(git rev-parse --git-common-dir)/info/exclude" (the exclude file every worktree of this
 #   repository shares), as you would by hand:
 #       echo /.whl-sgl/ >> "$(git rev-parse --git-common-dir)/info/exclude"
-# env: CHUNK (default 38M: a call carries the ~20 MiB working tree plus one part, under the 64 MiB limit),
+# env: CHUNK (default 30M: a call carries the working tree, 27 MiB on 2026-12-07, plus one part, under the 64 MiB limit),
 #      DEPS (default benchmarks/gpu/sglang_deps.txt: NAME==VERSION lines, what the image lacks and why),
 #      SLIM=1 (default) drops from sglang-kernel what the Triton attention backend does not use (FA3's flash_ops,
 #      FlashMLA, the sm100 build: 587 -> ~12 MiB); SLIM=0 keeps the wheel whole (then pass
@@ -22,7 +22,7 @@ OUT=${1:-.whl-sgl}
 HERE=benchmarks/gpu
 DEPS=${DEPS:-$HERE/sglang_deps.txt}
 SLIM=${SLIM:-1}
-CHUNK=${CHUNK:-38M}
+CHUNK=${CHUNK:-30M}
 EXCLUDE="$(git rev-parse --git-common-dir)/info/exclude"
 case "$OUT" in
   /*|../*) ;;  # outside the checkout: nothing to exclude
