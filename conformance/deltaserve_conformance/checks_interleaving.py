@@ -245,6 +245,14 @@ def check_retract_adapter__requests_in_flight_finish_on_their_version(env: Confo
         outputs.extend(env.host.step())  # type: ignore[attr-defined]
     env.host.submit(requests[2])  # type: ignore[attr-defined]  # queued: no step has run since
     env.host.retract_adapter(name)  # type: ignore[attr-defined]
+    # The version stays resident while those requests run, yet a new request naming it is refused from now on, as
+    # one naming an adapter the host never loaded (blind batch 2026-12-07c, h22: names resolved against resident
+    # slots).
+    late = ClientRequest("retract-running-late", prompts[0].prompt_ids, 2, adapter=name)
+    try:
+        env.host.submit(late)  # type: ignore[attr-defined]
+    except ValueError:
+        late = None
     try:
         outputs.extend(env.run_stepwise([]))
     except Exception as exc:  # noqa: BLE001 - the step itself failing is what this check is about
@@ -255,6 +263,10 @@ def check_retract_adapter__requests_in_flight_finish_on_their_version(env: Confo
             pass
         raise _fail(env, "retract_adapter", f"{name!r} was retracted with two requests on it running and one queued: "
                     f"a later step raised {exc!r}; expected them to finish on its weights") from None
+    if late is not None:
+        raise _fail(env, "retract_adapter", f"submit() accepted a request on {name!r} after retract_adapter({name!r}) "
+                    "(while earlier requests on it still ran); expected it refused with ValueError, as a request on "
+                    "an adapter the host never loaded")
     _fail_on(env, "retract_adapter", f"{name!r} was retracted with two requests on it running and one queued: "
              "expected each to finish on its weights; ", _greedy_problems(env, outputs, requests, lambda r: state))
     _queued_requests_finish_on_a_retracted_version(env, source)

@@ -294,7 +294,8 @@ RULES: tuple[Rule, ...] = (
     Rule("HostHooks.retract_adapter", "It withdraws exactly that version",
          ("retract_adapter__withdraws_exactly_that_version",)),
     Rule("HostHooks.retract_adapter", "is refused by ``submit`` exactly as one naming an adapter the host never loaded",
-         ("retract_adapter__withdraws_exactly_that_version",)),
+         ("retract_adapter__withdraws_exactly_that_version",
+          "retract_adapter__requests_in_flight_finish_on_their_version")),
     Rule("HostHooks.retract_adapter", "finish on its weights, never failed or moved to another adapter",
          ("retract_adapter__requests_in_flight_finish_on_their_version",)),
 )

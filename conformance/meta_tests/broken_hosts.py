@@ -2558,6 +2558,19 @@ class PairsByPromptHost(ReferenceHost):
         return [by_prompt[tuple(r.prompt_ids)] for r in requests]
 
 
+class RetractedStillAcceptedHost(ReferenceHost):
+    """submit() resolves adapter names against every resident LoRA slot: a retracted version that stays resident while
+    earlier requests on it run accepts new requests (blind batch 2026-12-07c, h22)."""
+
+    name = "broken-retracted-still-accepted"
+
+    def submit(self, request: ClientRequest) -> None:
+        if request.adapter is not None and request.adapter in self._withdrawn._held:
+            self._enqueue(request)
+            return
+        super().submit(request)
+
+
 class ArrivalBeforeEnqueueHost(ReferenceHost):
     """on_arrival is called before the request is queued: during it has_unfinished() does not count the request (blind
     batch 2026-12-07b, h26)."""
@@ -2843,6 +2856,7 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     StrictBudgetFitHost: "deep_model__driver__a_prompt_of_the_whole_step_budget_is_served",
     CapsAtContextHost: "driver__a_prompt_of_the_whole_step_budget_is_served",
     PairsByPromptHost: "driver__generate_returns_outputs_in_request_order",
+    RetractedStillAcceptedHost: "retract_adapter__requests_in_flight_finish_on_their_version",
     PrefillContextSeqLenMinusOneHost: "intercept_schedule__prefill_context_is_what_the_prompt_computed_before",
     AbortedStepZeroDurationHost: "capture_activation__abort_stops_finetune_only_step",
     ArrivalBeforeEnqueueHost: "driver__has_unfinished_counts_a_request_during_its_on_arrival",
