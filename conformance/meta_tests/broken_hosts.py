@@ -2598,7 +2598,9 @@ class FinetuneStateOverwritesClientHost(ReferenceHost):
 
 
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
-    DoubleInterceptHost: "intercept_schedule__once_per_step",
+    # a step offered twice: its prefill counted twice against the prompt
+    DoubleInterceptHost: ("intercept_schedule__once_per_step",
+                          "intercept_schedule__prefill_context_is_what_the_prompt_computed_before"),
     # rows run one step late: begin_step lands on the wrong step too, and the prefix-sharing samples run late
     NextStepInjectionHost: ("intercept_schedule__injected_rows_run_in_same_step", "capture_activation__call_order",
                             "intercept_schedule__finetune_rows_read_no_prefix_cache",
@@ -2654,7 +2656,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     RecordAfterFreeHost: "driver__has_unfinished_true_when_the_finishing_steps_record_arrives",
     GenerateDropsOtherOutputsHost: "driver__generate_keeps_other_requests_outputs_for_step",
     RetractsEveryVersionHost: "retract_adapter__withdraws_exactly_that_version",
-    RetractKeepsServingHost: "retract_adapter__withdraws_exactly_that_version",
+    # the retracted name accepts the request submitted right after the retract too
+    RetractKeepsServingHost: ("retract_adapter__withdraws_exactly_that_version",
+                              "retract_adapter__requests_in_flight_finish_on_their_version"),
     RetractDropsRunningHost: "retract_adapter__requests_in_flight_finish_on_their_version",
     SlotSpillHost: ("publish_adapter__base_rows_unchanged_when_every_adapter_slot_is_taken",
                     "intercept_schedule__client_outputs_match_independent_model",
@@ -2663,7 +2667,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                     "publish_adapter__requests_in_flight_keep_their_adapter",
                     "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                     # its base rows share a step with the versions left after the retraction
-                    "retract_adapter__withdraws_exactly_that_version"),
+                    "retract_adapter__withdraws_exactly_that_version",
+                    # the same prompt on the base and the client adapter in one generate()
+                    "driver__generate_returns_outputs_in_request_order"),
     MistypedHookHost: "protocol__validate_host",
     # no arrival ever: neither for a request submitted from a second thread during a step
     SilentArrivalHost: ("intercept_schedule__on_arrival_once_per_client_request",
@@ -2709,7 +2715,8 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
                         "set_finetune_adapter__requests_in_flight_keep_their_adapter",
                         "publish_adapter__every_target_module_serves_or_is_refused", "publish_adapter__serves_a_copy_of_the_state",
                         "retract_adapter__withdraws_exactly_that_version",
-                        "retract_adapter__requests_in_flight_finish_on_their_version"),
+                        "retract_adapter__requests_in_flight_finish_on_their_version",
+                        "driver__generate_returns_outputs_in_request_order"),
     # a republished name is the same stable name: its cached KV is the first weights'; every version is that one
     # name, so retracting the oldest withdraws the newest too
     StableNameStaleKVHost: ("publish_adapter__new_version_never_served_stale_kv",
@@ -2801,7 +2808,9 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # retracted version
     UnknownAdapterOnBaseHost: ("driver__unknown_adapter_refused",
                                "intercept_schedule__reserved_adapter_variants_refused", "intercept_schedule__reserved_adapter_refused_by_generate",
-                               "retract_adapter__withdraws_exactly_that_version"),
+                               "retract_adapter__withdraws_exactly_that_version",
+                               # a retracted name is unknown: served on the base model instead of refused
+                               "retract_adapter__requests_in_flight_finish_on_their_version"),
     # the flag set by abort_stops_finetune_only_step's abort stops the compute check's step before it polls
     StickyAbortHost: ("capture_activation__abort_does_not_outlive_its_step",
                       "capture_activation__abort_stops_compute"),
