@@ -298,7 +298,8 @@ def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEn
     is the one that reaches the budget."""
     budget = env.config.max_batch_tokens if env.config is not None else 2048
     max_tokens = 2
-    longest = min(budget, _context_length(env) - max_tokens)
+    context = _context_length(env)
+    longest = min(budget, context - max_tokens)
     for length in range(longest, longest - 16, -1):
         request = make_prompts(env, 1, seed=57, max_tokens=max_tokens, adapter_every=0,
                                prefix=f"whole-budget-{length}", length_range=(length, length))[0]
@@ -309,7 +310,7 @@ def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEn
             continue
     else:
         raise _fail(env, "driver", f"submit() refused every prompt of {longest - 15} to {longest} tokens with "
-                    f"max_tokens={max_tokens} (max_batch_tokens={budget}, context {_context_length(env)}): a host "
+                    f"max_tokens={max_tokens} (max_batch_tokens={budget}, context {context}): a host "
                     "serves prompts up to its budget, keeping at most a few positions back")
     try:
         outputs = env.run_stepwise([], max_steps=200)
@@ -330,7 +331,6 @@ def check_driver__a_prompt_of_the_whole_step_budget_is_served(env: ConformanceEn
     # Past the context: a prompt that fits the step budget but whose max_tokens run past the checkpoint's positions
     # is refused by submit() or served in full; an engine that stops it at its length limit and reports it finished
     # cuts a client's answer short without a word (blind batch 2026-12-07c, h11).
-    context = _context_length(env)
     over = min(budget, context - 1)
     if over + max_tokens > context:
         late = make_prompts(env, 1, seed=58, max_tokens=max_tokens, adapter_every=0, prefix="past-context",

