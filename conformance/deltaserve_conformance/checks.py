@@ -2069,22 +2069,35 @@ def check_intercept_schedule__scheduled_request_token_times(env: ConformanceEnv)
 
 @check("intercept_schedule")
 def check_intercept_schedule__prefill_context_is_what_the_prompt_computed_before(env: ConformanceEnv) -> None:
-    """ScheduledRequest.context_tokens of a prefill row is the KV the request already has before the step: 0 in the
-    first step of a prompt nothing before shared (fresh random tokens: no prefix-cache hit), then the prompt tokens
-    its earlier chunks computed. Blind batch 2026-12-07c, h27: ``seq_len - 1`` for every row, right for decodes only,
-    so every prefill was priced as attending over its own prompt."""
-    requests, _, views = _scheduled_views(env, seed=37)
+    """ScheduledRequest.context_tokens of a prefill row is the KV the request already has before the step: in its
+    first prefill step the prompt prefix the host found cached (0 without a prefix cache; the suite's prompts are
+    random, yet a short vocabulary lets their first tokens match an earlier prompt's, as SGLang's radix cache showed),
+    then that prefix plus the prompt tokens its earlier chunks computed, so that a served request's prefix and chunks
+    add up to its prompt. Blind batch 2026-12-07c, h27: ``seq_len - 1`` for every row, right for decodes only, so every
+    prefill was priced as attending over its own prompt."""
+    requests, outputs, views = _scheduled_views(env, seed=37)
     problems: list[str] = []
     for r in requests:
-        computed = 0
+        n = len(r.prompt_ids)
+        computed: int | None = None  # KV before the next prefill chunk: None until the first one fixes the prefix
         for b, v, in_scheduled, _, _ in views[r.request_id]:
             if not in_scheduled or v.prefill_tokens == 0:
                 continue
-            if v.context_tokens != computed:
-                problems.append(f"{r.request_id} ({len(r.prompt_ids)}-token prompt) in step {b.step_id}: prefill of "
+            if computed is None:
+                if not 0 <= v.context_tokens < n:
+                    problems.append(f"{r.request_id} ({n}-token prompt) in step {b.step_id}: first prefill of "
+                                    f"{v.prefill_tokens} tokens with context_tokens={v.context_tokens}, expected a "
+                                    f"cached prefix of 0..{n - 1} tokens (0 without a prefix cache)")
+                computed = v.context_tokens
+            elif v.context_tokens != computed:
+                problems.append(f"{r.request_id} ({n}-token prompt) in step {b.step_id}: prefill of "
                                 f"{v.prefill_tokens} tokens with context_tokens={v.context_tokens}, expected {computed} "
-                                "(the prompt tokens its earlier steps computed)")
+                                "(the cached prefix plus the prompt tokens its earlier steps computed)")
             computed += v.prefill_tokens
+        out = outputs.get(r.request_id)
+        if out is not None and out.token_ids and computed is not None and computed != n:
+            problems.append(f"{r.request_id} ({n}-token prompt) was served, yet its first prefill's context_tokens "
+                            f"plus its prefill chunks add up to {computed} tokens, not its prompt's {n}")
     if problems:
         raise _fail(env, "intercept_schedule", "ScheduledRequest.context_tokens is the KV-cache length before the "
                     "step: " + "; ".join(problems[:4]))
