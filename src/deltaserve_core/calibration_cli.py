@@ -13,8 +13,8 @@ Limits that fit the model: ``--max-prefill``, ``--max-kv`` and ``--dtype`` defau
 ``config.json`` allows (:func:`~deltaserve_core.model_limits.model_limits`): its context length bounds the longest
 profiled prompt and decode context, and its dtype is the engine's. An explicit limit the context cannot hold is
 refused before any engine starts, naming the flag, the value and the largest one that works. The last lines
-printed are the commands that serve with this profile (``deltaserve serve``, and the engine's own server where
-the host has one), carrying the settings the profile was taken under: a server started with others looks up
+printed are the commands that serve with this profile (``deltaserve serve`` and the engine's own server line it
+runs; the reference host has no server), carrying the settings the profile was taken under: a server started with others looks up
 another profile key (dtype, device) or runs steps the profile never measured.
 
 Reuse: a stored profile is keyed by (host, engine version, model, device, dtype) only, not by the sweep
@@ -245,8 +245,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
         _write_json(args.json, _summary(profile, path, reused, args, model_path, host_modes))
         print(f"summary written to {args.json}")
     print()
+    lines = serve_commands(spec, config, args.store)
+    if not lines:
+        print(f"the {spec.name} host has no server of its own (`deltaserve demo --host {spec.name}` co-serves a "
+              "replayed request stream on it)")
+        return 0
     print("serve with this profile (the settings it was taken under; job.yaml is your job):")
-    for line in serve_commands(spec, config, args.store):
+    for line in lines:
         print(f"  {line}")
     return 0
 
@@ -254,21 +259,21 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def serve_commands(spec: HostSpec, config: HostConfig, store: Path | None) -> list[str]:
     """The commands that start a server on the profile calibrated for ``config`` (a :class:`HostConfig`).
 
-    ``deltaserve serve`` for every host, then the engine's own server where the host's spec names one
-    (:attr:`HostSpec.operator_command <deltaserve_core.registry.HostSpec.operator_command>`). Each carries the
-    settings that select the profile (model path, dtype, device) and that shape the steps it measured (the
-    per-step token budget, the LoRA rank); a ``--store`` other than the default is passed on as
-    ``DELTASERVE_PROFILE_DIR``, where both servers look."""
+    Where the host's engine has a server (:attr:`HostSpec.operator_command
+    <deltaserve_core.registry.HostSpec.operator_command>`): ``deltaserve serve``, which checks the job and then runs
+    the engine's own server line, and that line itself. Each carries the settings that select the profile (model
+    path, dtype, device) and that shape the steps it measured (the per-step token budget, the LoRA rank); a
+    ``--store`` other than the default is passed on as ``DELTASERVE_PROFILE_DIR``, where the servers look. None
+    for a host without a server (the reference host)."""
     import shlex
 
+    if not spec.operator_command:
+        return []
     env = f"DELTASERVE_PROFILE_DIR={shlex.quote(str(Path(store).resolve()))} " if store is not None else ""
     words = ["deltaserve", "serve", "--host", spec.name, str(config.model), "--job", "job.yaml",
              "--dtype", config.dtype, "--device", config.device, "--max-batch-tokens", str(config.max_batch_tokens),
              "--max-lora-rank", str(config.max_lora_rank)]
-    lines = [env + shlex.join(words)]
-    if spec.operator_command:
-        lines.append(env + spec.load_operator_command()(config, "job.yaml"))
-    return lines
+    return [env + shlex.join(words), env + spec.load_operator_command()(config, "job.yaml").shell()]
 
 
 def _summary(profile: Any, path: Path, reused: bool, args: argparse.Namespace, model_path: Path,

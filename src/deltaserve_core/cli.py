@@ -4,7 +4,7 @@
     deltaserve conformance HOST [-- ...]   run the host contract suite (extra args go to pytest)
     deltaserve demo [--host H] ...         co-serve a request stream and a fine-tuning job, print progress
     deltaserve calibrate --host H --model M  profile the host and fit the latency model
-    deltaserve serve [--host H] MODEL --job J  OpenAI-compatible server that fine-tunes the job in idle time
+    deltaserve serve [--host H] MODEL --job J  the engine's own server, fine-tuning the job in its spare capacity
     deltaserve bench [--host H] [--trace T] [--systems all]  compare co-serving policies on one trace
     deltaserve jobs create|list|get|pause|resume|cancel|events|watch --server URL  a server's fine-tuning jobs
     deltaserve --version                   this package's version and the engines installed beside it
@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .serve import add_serve_arguments
 
-    p = sub.add_parser("serve", help="serve completions over HTTP (OpenAI subset) while fine-tuning a job")
+    p = sub.add_parser("serve", help="start the engine's own server (vLLM, SGLang, S-LoRA) with a fine-tuning job, "
+                                     "after checking the job")
     add_serve_arguments(p)
     p.set_defaults(func=_cmd_serve)
 
@@ -215,16 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: 2-core machines crawl otherwise
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
-    if "--" in argv:  # everything after `--` is for pytest, untouched by our parser
+    if "--" in argv:  # everything after `--` is for pytest (or the engine's server), untouched by our parser
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if getattr(args, "command", None) != "serve":
+        # before torch is imported: 2-core machines crawl otherwise. Not for serve, which execs an engine server
+        # that must get the operator's environment as it is.
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if hasattr(args, "pytest_args"):
         args.pytest_args = list(args.pytest_args) + extra
+    if hasattr(args, "engine_args"):
+        args.engine_args = extra
     try:
         return int(args.func(args))
     except BrokenPipeError:  # `deltaserve hosts | head`: the reader left, nothing to report

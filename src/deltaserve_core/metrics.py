@@ -11,8 +11,8 @@ series per job whatever its traffic.
 :class:`JobMetrics` turns one :class:`~deltaserve_core.coserve.CoServer` into a :data:`Snapshot` (plain,
 JSON-able values). How a snapshot reaches the engine's ``/metrics`` depends on which process serves it:
 
-- the same process (``deltaserve serve``): a :class:`SnapshotCollector` over :meth:`JobMetrics.sample`, in the
-  registry the endpoint renders;
+- the same process (an embedding application's own registry; the tests): a :class:`SnapshotCollector` over
+  :meth:`JobMetrics.sample`, in the registry the endpoint renders;
 - ``PROMETHEUS_MULTIPROC_DIR`` set where the CoServer runs (SGLang's scheduler under ``--enable-metrics``; vLLM's
   EngineCore when vLLM runs several API servers or the operator set the variable): prometheus_client's own
   multiprocess mode. :class:`MultiprocessSink` keeps ordinary Counter and Gauge objects up to date;

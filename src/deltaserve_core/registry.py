@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
-from collections.abc import Callable
+import shlex
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from .driver import HostConfig, HostDriver
 from .hooks import HostHooks, validate_host
 from .hostkit import PatchRecord
 
-__all__ = ["ENTRY_POINT_GROUP", "HostSpec", "HostUnavailableError", "UnknownHostError", "available_hosts",
-           "get_host_spec", "create_host"]
+__all__ = ["ENTRY_POINT_GROUP", "HostSpec", "HostUnavailableError", "ServerCommand", "UnknownHostError",
+           "available_hosts", "get_host_spec", "create_host"]
 
 ENTRY_POINT_GROUP = "deltaserve.hosts"
 
@@ -37,6 +40,41 @@ class HostUnavailableError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ServerCommand:
+    """An engine's own server command with DeltaServe switched on: ``argv`` as an operator would type it, run
+    with ``env`` added to the environment.
+
+    ``argv[0] == "python"`` means the interpreter DeltaServe runs under (:meth:`resolved_argv`): the engine and
+    DeltaServe's plugin must load in the same environment, whichever ``python`` is first on ``PATH``.
+    ``secret_env`` names entries of ``env``, ``secret_argv`` positions in ``argv``, that :meth:`shell` prints as a
+    reference to an environment variable (an API key: as ``"$VLLM_API_KEY"``, an ``argv`` word as
+    ``"$DELTASERVE_API_KEY"``), never as the value, so that a printed command can be shown and pasted into a shell
+    that has the variable set."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    secret_env: frozenset[str] = frozenset()
+    secret_argv: frozenset[int] = frozenset()
+
+    def shell(self) -> str:
+        """The command as one shell line, environment first, secrets as variable references."""
+        env = [f'{k}="${k}"' if k in self.secret_env else f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        words = ['"$DELTASERVE_API_KEY"' if i in self.secret_argv else shlex.quote(w) for i, w in enumerate(self.argv)]
+        return " ".join([*env, *words])
+
+    def resolved_argv(self) -> list[str]:
+        """``argv`` to exec: ``python`` is this interpreter, and a console script (``vllm``) is the one installed
+        beside it when there is one, also when its environment is not activated (not on ``PATH``)."""
+        head = self.argv[0]
+        if head == "python":
+            return [sys.executable, *self.argv[1:]]
+        beside = Path(sys.executable).with_name(head)
+        if "/" not in head and beside.is_file():
+            return [str(beside), *self.argv[1:]]
+        return list(self.argv)
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Registry entry of one host.
 
@@ -46,9 +84,11 @@ class HostSpec:
     ``supported`` is the PEP 440 range the adapter is tested against. ``stock`` is ``"module:callable"`` of the
     engine run as shipped, without DeltaServe (the bench's ``stock`` systems; see ``deltaserve_vllm.stock.run_stock``
     for the signature), or empty where the host has none. ``operator_command`` is ``"module:callable"`` of a
-    function ``(HostConfig, job_path) -> str``: the engine's own server command line with DeltaServe switched on,
-    under the settings ``HostConfig`` describes (``deltaserve calibrate`` prints it), or empty where the engine
-    has no server DeltaServe attaches to. ``patches`` is ``"module:attribute"`` of the adapter's run-time patches
+    function ``(HostConfig, job_path, *, listen=None, api_key=None, extra=()) -> ServerCommand``: the engine's own
+    server command with DeltaServe switched on, under the settings ``HostConfig`` describes (``deltaserve
+    calibrate`` prints it, ``deltaserve serve`` runs it); ``listen`` is an ``(address, port)``, ``api_key`` the key
+    the server must require (None: none), ``extra`` the operator's own engine arguments, appended; empty where the
+    engine has no server DeltaServe attaches to (the reference host). ``patches`` is ``"module:attribute"`` of the adapter's run-time patches
     to its engine, a sequence of :class:`~deltaserve_core.hostkit.PatchRecord` in a module that imports no engine
     (``deltaserve hosts --patches``), or empty where the host patches nothing.
     """
@@ -108,7 +148,7 @@ class HostSpec:
                                        "run an engine as shipped, without DeltaServe)")
         return self._load(self.stock)
 
-    def load_operator_command(self) -> Callable[..., str]:
+    def load_operator_command(self) -> Callable[..., ServerCommand]:
         """The ``operator_command`` function; raises ``HostUnavailableError`` where the host has none."""
         if not self.operator_command:
             raise HostUnavailableError(f"host {self.name!r} has no server of its own to start with DeltaServe")

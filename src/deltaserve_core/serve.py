@@ -1,74 +1,74 @@
-"""``deltaserve serve``: one host, one fine-tuning job, an OpenAI-compatible HTTP endpoint. The operator path.
+"""``deltaserve serve``: a thin launcher over an engine's own server with DeltaServe switched on.
 
-    deltaserve serve --host vllm MODEL --job job.yaml [--port 8000] [--host-addr 127.0.0.1] [--api-key KEY]
+    deltaserve serve [--host vllm|sglang|slora] MODEL --job job.yaml [--port 8000] [--host-addr 127.0.0.1]
+                     [--api-key KEY] [--print-command] [-- ENGINE_ARGS...]
 
-Threads:
+The engines ship HTTP servers operators already run, monitor and trust (vLLM's OpenAI server, SGLang's, S-LoRA's):
+DeltaServe attaches to them as a plugin (the job in the engine's own process, its metrics on the engine's
+``/metrics``, the jobs routes on its app). This command only saves the operator the spelling: it checks everything an
+operator can get wrong before anything loads (the job file, its dataset and checkpoint folder, the model's modules
+against the job's targets, the rank, the engine's version, the port), then *replaces itself* (``exec``) with the
+engine's server command (:attr:`HostSpec.operator_command <deltaserve_core.registry.HostSpec.operator_command>`,
+the line ``deltaserve calibrate`` prints): signals, exit status and stop behaviour (final checkpoint on SIGTERM)
+are the engine server's, and no DeltaServe process sits between clients and the engine.
 
-- the *engine thread* (:mod:`.serve_engine`) owns the host and the :class:`~deltaserve_core.coserve.CoServer` and makes every call
-  into them (hosts are not thread-safe: vLLM's ``submit`` may not run while ``step`` does). Its loop: take new
-  requests from a thread-safe inbox and ``host.submit`` them; ``host.step()`` while clients have work; otherwise
-  ``host.run_idle_step()``, so the job fine-tunes in idle time; ``co.poll()`` for housekeeping.
-- the *HTTP threads* (:mod:`.serve_http`; stdlib ``ThreadingHTTPServer``: no web framework is needed for three JSON endpoints, and the
-  reference host must serve without vLLM's dependencies) parse requests, tokenize, put them in the inbox and
-  wait for their outputs.
-- the main thread handles SIGINT/SIGTERM: stop accepting, let in-flight requests finish, write the final
-  checkpoint, stop the backward process, exit 0. A second Ctrl-C abandons in-flight requests (answered 503).
-
-Endpoints: ``POST /v1/completions`` (greedy only), ``GET /v1/models``, ``GET /deltaserve/status``, ``GET /metrics``
-(Prometheus, :mod:`.metrics`), ``GET /health``.
-With an API key (``--api-key`` or ``DELTASERVE_API_KEY``) every endpoint but ``/health`` needs
-``Authorization: Bearer <key>`` (:func:`authorized`), as vLLM's own server does under ``--api-key``. All policy
-(admission, training, checkpoints, publishing) is in the core; this module checks the command line and the job,
-then starts and stops the threads.
+The reference host has no server of its own (it is the contract's executable specification, not a serving
+engine): ``deltaserve demo --host reference`` co-serves a replayed request stream on it.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.server
-import logging
-import signal
+import os
+import socket
 import sys
-import threading
-import time
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .serve_engine import EngineLoop, InferenceStats, ShuttingDown  # noqa: F401  (ShuttingDown: re-exported)
-from .serve_http import (  # noqa: F401  (_HttpError, authorized: re-exported; tests import them from here)
-    API_KEY_ENV,
-    _Frontend,
-    _handler_class,
-    _HttpError,
-    _Server,
-    authorized,
-    resolve_api_key,
-)
+if TYPE_CHECKING:
+    from .registry import ServerCommand
 
-__all__ = ["API_KEY_ENV", "EngineLoop", "InferenceStats", "add_serve_arguments", "authorized", "resolve_api_key",
-           "run_serve"]
+__all__ = ["API_KEY_ENV", "add_serve_arguments", "build_command", "resolve_api_key", "run_serve"]
+
+#: environment variable holding the server's API key (``--api-key`` wins): a key on the command line is visible
+#: to every user of the machine in ``ps``, one in the environment only to the server's user.
+API_KEY_ENV = "DELTASERVE_API_KEY"
+
+
+def resolve_api_key(option: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The server's API key: ``--api-key`` if given, else :data:`API_KEY_ENV`; None (or empty in the
+    environment): no authentication. An empty or blank ``--api-key`` is refused (``ValueError``): it would
+    silently turn authentication off."""
+    if option is not None:
+        if not option.strip():
+            raise ValueError("--api-key: the key is empty; give a key, or leave the option out to serve without one")
+        return option
+    value = (os.environ if environ is None else environ).get(API_KEY_ENV, "")
+    return value if value.strip() else None
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="transformers checkpoint folder (also: smollm2, tiny; see `deltaserve demo`)")
     p.add_argument("--job", required=True, help="job YAML: dataset, adapter, LoRA, optimizer, SLOs, checkpoints")
-    p.add_argument("--host", default="vllm", help="registered host: vllm (default) or reference")
+    p.add_argument("--host", default="vllm", help="engine whose server runs: vllm (default), sglang or slora")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host-addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-batch-tokens", type=int, default=2048, help="tokens per engine step (prompt limit too)")
+    p.add_argument("--max-batch-tokens", type=int, default=2048,
+                   help="tokens per engine step (vLLM's max_num_batched_tokens, SGLang's chunked-prefill size)")
     p.add_argument("--max-lora-rank", type=int, default=16,
                    help="largest LoRA rank the engine holds (the job's lora.r must not exceed it)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="engine-specific host option")
-    p.add_argument("--log-every", type=float, default=10.0, help="seconds between progress log lines")
-    p.add_argument("--shutdown-timeout", type=float, default=120.0,
-                   help="seconds the final checkpoint may wait for a running backward batch")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="host option the calibration ran with (e.g. kv_cache_space_gib=4 for vLLM-CPU)")
     p.add_argument("--api-key", default=None,
-                   help=f"require `Authorization: Bearer KEY` on every endpoint but /health (default: "
-                        f"${API_KEY_ENV}; none: no authentication)")
-
-
-# ------------------------------------------------------------------------------------------------ wiring
+                   help=f"the engine server requires `Authorization: Bearer KEY` (default: ${API_KEY_ENV}; none: no "
+                        "authentication)")
+    p.add_argument("--print-command", action="store_true",
+                   help="print the engine's server command (the key as a variable reference) and exit")
+    # arguments after `--` go to the engine's server as given (cli.main splits them off)
+    p.set_defaults(engine_args=[])
 
 
 def _host_options(items: list[str]) -> dict[str, str]:
@@ -81,152 +81,74 @@ def _host_options(items: list[str]) -> dict[str, str]:
     return out
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+def _check_port(addr: str, port: int) -> None:
+    """A busy port fails now, in a second, not after the engine spent minutes loading the model."""
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"--host-addr {addr!r}: {exc.strerror or exc}; give an address of this machine, e.g. "
+                         "127.0.0.1") from exc
+    family, kind, proto, _, where = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the engines' servers bind
+        try:
+            s.bind(where)
+        except OSError as exc:
+            raise ValueError(f"--port {port}: cannot listen on {addr}:{port} ({exc.strerror or exc}); stop what "
+                             "holds it or choose another --port") from exc
+
+
+def build_command(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerCommand:
+    """Check the command line and the job, and return the engine's
+    :class:`~deltaserve_core.registry.ServerCommand`. Raises (``ValueError``, ``JobConfigError``,
+    ``HostUnavailableError``, ``FileNotFoundError``) with the key, the value and the fix; starts nothing."""
     from .job_config import load_job_config
     from .preflight import check_job, check_local_files
 
-    # Everything an operator can get wrong is checked before an engine or a process starts, the checks that need
-    # no torch first: a mistyped job is refused before seconds of imports.
+    # the checks that need no torch first: a mistyped job is refused before seconds of imports
     job = load_job_config(args.job)
-    api_key = resolve_api_key(args.api_key)
-    rank_fix = f"or start with --max-lora-rank {job.lora.r}"
-    check_job(job, None, max_lora_rank=args.max_lora_rank, how_to_raise_rank=rank_fix)
-    from .assets import resolve_model
-
-    model_dir = resolve_model(args.model)
-    # the model's module names, from its safetensors headers (or its config.json on the meta device): refused
-    # in seconds rather than after the engine and the backward have started
-    check_job(job, model_dir)
-    check_local_files(job)  # last: proving checkpoint.dir writable imports torch
-    from .driver import HostConfig
+    api_key = resolve_api_key(args.api_key, environ)
+    check_job(job, None, max_lora_rank=args.max_lora_rank,
+              how_to_raise_rank=f"or start with --max-lora-rank {job.lora.r}")
     from .registry import HostUnavailableError, get_host_spec
 
     spec = get_host_spec(args.host)
+    if not spec.operator_command:
+        raise ValueError(f"--host {args.host}: the {args.host} host has no server of its own; serve with --host "
+                         "vllm or --host sglang, or co-serve a replayed request stream with `deltaserve demo --host "
+                         f"{args.host}`")
     problem = spec.version_problem()
     if problem:
         raise HostUnavailableError(f"host {args.host!r}: {problem}")
+    from .assets import resolve_model
+
+    model_dir = resolve_model(args.model)
+    if not Path(model_dir, "config.json").is_file():
+        raise FileNotFoundError(f"model {args.model!r}: {model_dir} has no config.json; give a transformers "
+                                "checkpoint folder (or tiny / smollm2)")
+    check_job(job, model_dir)  # the target modules against the model's safetensors headers, before it loads
+    check_local_files(job)
+    _check_port(args.host_addr, args.port)
+    from .driver import HostConfig
+
     config = HostConfig(model=str(model_dir), device=args.device, dtype=args.dtype,
                         max_lora_rank=args.max_lora_rank, max_batch_tokens=args.max_batch_tokens,
                         options=_host_options(args.option))
-    from transformers import AutoConfig, AutoTokenizer
+    # absolute: the job's own relative paths (dataset, checkpoint folder) stay relative to the job file's folder
+    return spec.load_operator_command()(config, str(Path(args.job).resolve()), listen=(args.host_addr, args.port),
+                                        api_key=api_key, jobs_api=True, extra=list(args.engine_args))
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        hf_config = AutoConfig.from_pretrained(model_dir)
-    except OSError as exc:
-        raise FileNotFoundError(f"model {args.model!r}: {exc}") from exc
-    max_pos = int(getattr(hf_config, "max_position_embeddings", 2048))
-    eos = getattr(hf_config, "eos_token_id", None)
-    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
-    httpd = _Server((args.host_addr, args.port), http.server.BaseHTTPRequestHandler, bind_and_activate=False)
-    try:
-        httpd.server_bind()  # a busy port fails now, not after calibration; clients are refused until ready
-    except OSError as exc:
-        httpd.server_close()
-        raise ValueError(f"cannot listen on {args.host_addr}:{args.port}: {exc.strerror or exc}") from exc
 
-    holder: dict[str, Any] = {}
-    ready = threading.Event()
-    received: list[int] = []  # signals, appended by the handler; the main thread acts on them
-
-    def on_signal(signum: int, frame: object) -> None:
-        received.append(signum)  # no locks here: the handler may interrupt the main thread anywhere
-
-    def force_requested() -> bool:  # a second Ctrl-C; repeated SIGTERMs (timeout, systemd) stay graceful
-        return received.count(signal.SIGINT) >= 2
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def engine_thread() -> None:
-        """Create the host and the controller, serve, then checkpoint and close, all on this thread."""
-        from .calibration import ProfileStore
-        from .coserve import CoServer
-        from .registry import create_host
-
-        host = None
-        try:
-            host = create_host(args.host, config)
-            # Calibration limits as in `deltaserve demo`: the shapes this job and its requests can produce.
-            calibration = {"store": ProfileStore(), "max_prefill_tokens": min(job.max_length, max_pos // 2),
-                           "max_decode_batch": 16, "max_kv": min(1024, max_pos - 64), "max_ft_tokens": job.max_length}
-            co = CoServer(host, job, tokenizer=tokenizer, log_every_s=args.log_every, calibration=calibration)
-            with co:
-                loop = EngineLoop(host, co, log_every_s=args.log_every)
-                holder["loop"] = loop
-                ready.set()
-                loop.run()
-                ckpt = co.final_checkpoint(timeout_s=args.shutdown_timeout)
-                holder["final_checkpoint"] = ckpt
-                holder["stats"] = co.stats.as_dict()
-        except BaseException as exc:  # noqa: BLE001 - main reports it
-            holder["error"] = exc
-        finally:
-            ready.set()
-            if host is not None:
-                host.shutdown()
-
-    engine = threading.Thread(target=engine_thread, name="deltaserve-engine", daemon=True)
-    http_thread: threading.Thread | None = None
-    try:
-        print(f"[serve] model {model_dir}, host {args.host}, job {args.job} (adapter {job.adapter_name!r}, "
-              f"dataset {job.dataset}); starting the engine", flush=True)
-        engine.start()
-        while not ready.wait(0.2):
-            pass
-        if "error" in holder:
-            raise holder["error"]
-        loop: EngineLoop = holder["loop"]
-        frontend = _Frontend(loop, tokenizer, args.model, job.adapter_name, int(hf_config.vocab_size), max_pos,
-                             eos_ids)
-        frontend.base_names.add(str(model_dir))
-        httpd.RequestHandlerClass = _handler_class(frontend, loop, api_key)
-        if not received:
-            try:
-                httpd.server_activate()
-            except OSError as exc:  # another process took the port during start-up
-                raise ValueError(f"cannot listen on {args.host_addr}:{args.port}: {exc.strerror or exc}") from exc
-            http_thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                           name="deltaserve-http", daemon=True)
-            http_thread.start()
-            print(f"[serve] ready: http://{args.host_addr}:{args.port}/v1 (models: {args.model!r}, published "
-                  f"versions of {job.adapter_name!r}); status at /deltaserve/status", flush=True)
-        while not received and not loop.exited:
-            time.sleep(0.1)
-        print("[serve] shutting down: no new requests; finishing those in flight (Ctrl-C again to abandon them)",
-              flush=True)
-        loop.begin_stop()
-        if http_thread is not None:
-            httpd.shutdown()
-        forced = False
-        while engine.is_alive():
-            engine.join(0.1)
-            if force_requested() and not forced:
-                forced = True
-                print("[serve] abandoning in-flight requests", flush=True)
-                loop.stop_now()
-        httpd.server_close()  # joins the handler threads: every in-flight answer has been written
-        if "error" in holder:
-            raise holder["error"]
-        if loop.error is not None:
-            print(f"[serve] the engine failed: {loop.error}", file=sys.stderr)
-            return 1
-        if holder.get("final_checkpoint") is None:
-            # training since the last checkpoint is lost: an operator's scripts must see that, not exit 0
-            print("[serve] stopped without a final checkpoint (see the errors above): the next start resumes from "
-                  "the last checkpoint written", file=sys.stderr, flush=True)
-            return 1
-        ft, inf = holder.get("stats", {}), loop.stats.as_dict()
-        attained = "n/a" if inf["slo_attainment"] is None else f"{inf['slo_attainment'] * 100:.1f}%"
-        print(f"[serve] stopped: {inf['requests']} requests answered (SLO attainment {attained}); "
-              f"fine-tuning {ft.get('optimizer_steps', 0)} optimizer steps, {ft.get('trained_tokens', 0)} tokens; "
-              f"final checkpoint {holder.get('final_checkpoint')}", flush=True)
+def run_serve(args: argparse.Namespace) -> int:
+    """Check, print the engine's command, then exec it (returns only with ``--print-command``)."""
+    command = build_command(args)
+    line = command.shell()
+    if args.print_command:
+        print(line)
         return 0
-    finally:
-        if engine.is_alive():  # startup failed in main: let the engine thread finish closing what it opened
-            if "loop" in holder:
-                holder["loop"].stop_now()
-            engine.join(30)
-        httpd.server_close()
-        for s, h in previous.items():
-            signal.signal(s, h)
+    print(f"[serve] {line}", flush=True)
+    argv = command.resolved_argv()
+    env = dict(os.environ, **command.env)
+    sys.stderr.flush()
+    os.execvpe(argv[0], argv, env)
+    return 1  # not reached: exec replaced this process

@@ -17,6 +17,7 @@ SPEC = HostSpec(
     # hooked internals with both ends at start-up (versions.check_hook_shapes).
     supported=">=0.5.15,<=0.5.23",
     patches="deltaserve_sglang.patch_record:PATCHES",
+    operator_command="deltaserve_sglang.launch:operator_command",
     notes="in-process scheduler driven step by step (driver path); CPU engine (0.5.23) or CUDA (0.5.15: SGLang's "
           "CUDA graphs for inference-only steps, eager for steps with fine-tuning rows); plugin hooks also load in "
           "`sglang serve` processes",

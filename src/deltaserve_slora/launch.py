@@ -51,6 +51,7 @@ from deltaserve_core.job_config import JobConfigError, load_job_config
 from .locate import SloraCheckout, SloraNotFoundError, activate, locate_slora
 
 __all__ = ["LaunchSettings", "RouterRuntime", "build_parser", "check_slora_args", "detokenization_process", "main",
+           "operator_command",
            "parse_args", "profile_key", "router_process"]
 
 log = logging.getLogger("deltaserve.slora.launch")
@@ -81,6 +82,30 @@ class LaunchSettings:
     model_path: str  # S-LoRA's --model_dir, resolved: the calibration profile's model
     log_every_s: float = 10.0
     checkpoint_timeout_s: float = 60.0
+
+
+def operator_command(config: Any, job_path: str, *, listen: tuple[str, int] | None = None,
+                     api_key: str | None = None, jobs_api: bool = False, extra: Sequence[str] = ()) -> Any:
+    """This launcher's command for ``config`` (a :class:`~deltaserve_core.driver.HostConfig`) and the job file
+    ``job_path``; the keywords as :class:`~deltaserve_core.registry.HostSpec` describes them. S-LoRA's own
+    arguments follow ``--``: the model folder, the step budget the profile was taken under, and ``extra``, which
+    must name the ``--lora-dirs`` S-LoRA's server needs (:func:`check_slora_args` refuses none).
+
+    S-LoRA's server has no API key and no jobs routes: a key is refused (``ValueError``) rather than ignored, since
+    an operator giving one expects the server to require it."""
+    from deltaserve_core.registry import ServerCommand
+
+    del jobs_api
+    if api_key is not None:
+        raise ValueError("--api-key: S-LoRA's server has no API key; serve it on 127.0.0.1 behind a proxy that "
+                         "checks one, or leave the option (and DELTASERVE_API_KEY) out")
+    words = ["python", "-m", "deltaserve_slora.launch", "--job", job_path]
+    if config.options.get("slora_path"):
+        words += ["--slora-path", str(config.options["slora_path"])]
+    words += ["--", "--model_dir", str(config.model), "--batch_max_tokens", str(config.max_batch_tokens)]
+    if listen is not None:
+        words += ["--host", listen[0], "--port", str(listen[1])]
+    return ServerCommand(tuple(words + list(extra)))
 
 
 def build_parser() -> argparse.ArgumentParser:

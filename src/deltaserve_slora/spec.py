@@ -16,6 +16,7 @@ SPEC = HostSpec(
                      "--option slora_path=PATH or DELTASERVE_SLORA_PATH=PATH (see docs/slora-adapter.md)"),
     engine_distributions=(),
     patches="deltaserve_slora.patches:PATCHES",
+    operator_command="deltaserve_slora.launch:operator_command",
     notes="CUDA + fp16 only; in-process router (TP=1); prefill and decode never mixed; eager only; tested at "
           "S-LoRA c1ddf48",
     static_capabilities={"mixed_batches": "no", "graph_modes": "eager", "abort": "no", "devices": "cuda",

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deltaserve_core.driver import HostConfig
+from deltaserve_core.registry import ServerCommand
 
 from .versions import installed_vllm
 
@@ -80,9 +81,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def operator_command(config: HostConfig, job_path: str) -> str:
+def operator_command(config: HostConfig, job_path: str, *, listen: tuple[str, int] | None = None,
+                     api_key: str | None = None, jobs_api: bool = False, extra: Sequence[str] = ()) -> ServerCommand:
     """The server command for ``config`` (the :class:`~deltaserve_core.driver.HostConfig` a profile was taken
-    under) with DeltaServe switched on for the job file ``job_path``."""
+    under) with DeltaServe switched on for the job file ``job_path``; ``listen``, ``api_key``, ``jobs_api`` and
+    ``extra`` as :class:`~deltaserve_core.registry.HostSpec` describes them.
+
+    The key goes in ``VLLM_API_KEY``, which vLLM reads as it reads ``--api-key``: on the command line every user of
+    the machine would see it in ``ps``. The jobs routes are an endpoint plugin vLLM loads only when
+    ``VLLM_PLUGINS`` names it; naming plugins excludes every other, so an operator's own list is kept and extended."""
     from .channel import SETTINGS_KEY
 
     cuda = str(config.device).startswith("cuda")
@@ -104,4 +111,13 @@ def operator_command(config: HostConfig, job_path: str) -> str:
         gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(options.get("kv_cache_space_gib", 1))
         words += ["--enforce-eager", "--kv-cache-memory-bytes", f"{gib}G"]
     words += ["--additional-config", json.dumps({SETTINGS_KEY: {"job": job_path}})]
-    return shlex.join(words)
+    if listen is not None:
+        words += ["--host", listen[0], "--port", str(listen[1])]
+    words += list(extra)
+    env: dict[str, str] = {}
+    if jobs_api:
+        named = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p.strip()]
+        env["VLLM_PLUGINS"] = ",".join(named + [p for p in ("deltaserve", "deltaserve_jobs") if p not in named])
+    if api_key is not None:
+        env["VLLM_API_KEY"] = api_key
+    return ServerCommand(tuple(words), env, frozenset({"VLLM_API_KEY"}))

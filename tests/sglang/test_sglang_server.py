@@ -2,7 +2,8 @@
 the API key on SGLang's adapter endpoints, and a clean stop that writes the final checkpoint (issue 20).
 
 The server runs as an operator runs it: a subprocess in its own session, DeltaServe switched on only by
-``DELTASERVE_JOB``. Periodic checkpoints are off in the job, so the only checkpoint is the one the stop writes.
+``DELTASERVE_JOB``; the served runs start it through ``deltaserve serve --host sglang``, which checks the job and
+then *becomes* ``sglang.launch_server`` (exec), so what they check holds for both ways of starting it. Periodic checkpoints are off in the job, so the only checkpoint is the one the stop writes.
 One engine at a time: the server starts, is stopped by SIGTERM to its main process (systemd, Kubernetes), starts
 again (resuming from that checkpoint) and is stopped by SIGINT to its process group (Ctrl-C in a terminal).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -248,10 +250,37 @@ def served(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterat
         state.server.kill()
 
 
+def _launcher_argv(model: Path, job: Path, port: int) -> list[str]:
+    """``deltaserve serve`` with this module's engine settings: the per-step budget and KV pool of :func:`_argv`, the
+    rest the launcher's own (the calibration host's), SGLang's own options after ``--``."""
+    return [sys.executable, "-m", "deltaserve_core.cli", "serve", "--host", "sglang", str(model), "--job", str(job),
+            "--port", str(port), "--max-batch-tokens", "1024", "--option", "max_total_tokens=8192",
+            "--api-key", API_KEY, "--", "--skip-tokenizer-init", "--log-level", "info"]
+
+
+def test_deltaserve_serve_prints_sglangs_server_line_without_the_key(served: SimpleNamespace) -> None:
+    port = _free_port()
+    argv = _launcher_argv(served.model, served.job, port)
+    engine_args = argv.index("--")
+    done = subprocess.run([*argv[:engine_args], "--print-command", "--", "--skip-tokenizer-init"],
+                          env=_env(served.job, uuid.uuid4().hex, served.profiles), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert API_KEY not in done.stdout + done.stderr
+    words = shlex.split(done.stdout.strip().splitlines()[-1])
+    assert words[:2] == [f"DELTASERVE_JOB={served.job.resolve()}", "SGLANG_USE_CPU_ENGINE=1"], words
+    line = words[2:]
+    assert line[:3] == ["python", "-m", "sglang.launch_server"] and line[-1] == "--skip-tokenizer-init", line
+    for option, value in (("--model-path", str(served.model)), ("--device", "cpu"), ("--chunked-prefill-size", "1024"),
+                          ("--max-total-tokens", "8192"), ("--port", str(port)), ("--api-key", "$DELTASERVE_API_KEY")):
+        assert line[line.index(option) + 1] == value, (option, line)
+    assert "--enable-lora" in line and "--disable-overlap-schedule" in line, line
+
+
 def _start(state: SimpleNamespace, log_name: str) -> _Server:
     port = _free_port()
     marker = uuid.uuid4().hex
-    server = _Server(_argv(state.model, port, "--api-key", API_KEY), _env(state.job, marker, state.profiles),
+    server = _Server(_launcher_argv(state.model, state.job, port), _env(state.job, marker, state.profiles),
                      state.root / log_name)
     state.server, state.base = server, f"http://127.0.0.1:{port}"
     # the first start calibrates the scheduler in place (minutes on this machine); later ones load the profile
