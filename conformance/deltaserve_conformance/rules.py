@@ -306,6 +306,8 @@ RULES: tuple[Rule, ...] = (
          ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",)),
     Rule("ProposedBatch", "A request whose ``submit`` returned before the host proposed the step has arrived",
          ("intercept_schedule__request_submitted_between_steps_is_in_the_next_offer",)),
+    Rule("ClientRequest", "Every id of the checkpoint's ``eos_token_id`` is an EOS",
+         ("driver__ignore_eos_false_stops_at_the_first_eos",)),
     Rule("ClientRequest", "once its output was returned the id may be submitted again",
          ("intercept_schedule__a_reused_request_id_is_a_new_request",)),
 )
@@ -323,6 +325,7 @@ SHAPE_RERUNS: tuple[str, ...] = (
     "capture_activation__abort_stops_finetune_only_step",
     "model_spec__matches_the_checkpoint",
     "driver__a_prompt_of_the_whole_step_budget_is_served",
+    "driver__ignore_eos_false_stops_at_the_first_eos",
 )
 
 RULES = tuple(Rule(r.where, r.phrase, r.checks + tuple(f"deep_model__{c}" for c in r.checks if c in SHAPE_RERUNS),

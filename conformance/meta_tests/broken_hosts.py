@@ -2688,6 +2688,21 @@ class AbortRestoresQueueHost(ReferenceHost):
         return record
 
 
+
+class FirstEosIdOnlyHost(ReferenceHost):
+    """Keeps one EOS id, the first of a list-valued ``eos_token_id``: the checkpoint's other EOS ids never stop a
+    request (blind batch 2026-12-07c, h10). Exact on a checkpoint with one EOS id."""
+
+    name = "broken-first-eos-id-only"
+
+    def _is_done(self, s: _Seq) -> bool:
+        if len(s.output) >= s.request.max_tokens:
+            return True
+        eos = self.model.config.eos_token_id
+        first = eos[0] if isinstance(eos, list) else eos
+        return bool(s.output) and not s.request.ignore_eos and s.output[-1] == first
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # a step offered twice: its prefill counted twice against the prompt
     DoubleInterceptHost: ("intercept_schedule__once_per_step",
@@ -2968,4 +2983,5 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     InboxAfterProposalHost: "intercept_schedule__request_submitted_between_steps_is_in_the_next_offer",
     TokenClockByIdHost: "intercept_schedule__a_reused_request_id_is_a_new_request",
     AbortRestoresQueueHost: "intercept_schedule__request_arriving_during_an_aborted_step_is_served",
+    FirstEosIdOnlyHost: "deep_model__driver__ignore_eos_false_stops_at_the_first_eos",
 }
