@@ -2985,3 +2985,23 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     AbortRestoresQueueHost: "intercept_schedule__request_arriving_during_an_aborted_step_is_served",
     FirstEosIdOnlyHost: "deep_model__driver__ignore_eos_false_stops_at_the_first_eos",
 }
+
+# The 2026-12-07c checks reach older hosts through their own bugs: a reused id is offered like any request, so a host
+# that times a token that does not exist, counts the prompt as output or never calls on_arrival shows it there too;
+# the rank/alpha check compares captures like every set_finetune_adapter check, and scaling bugs meet its alphas; a
+# host that loses mid-step submits loses the ones that abort a step as well.
+_WIDENED_1207C: dict[type[ReferenceHost], tuple[str, ...]] = {
+    ArrivalAsLastTokenTimeHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    BulkGenerateNoArrivalHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    SilentArrivalHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    OutputTokensCountPromptHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    ParksMidStepSubmitsHost: ("intercept_schedule__request_arriving_during_an_aborted_step_is_served",),
+    FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    IntegerLoraScalingHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    RankOfFirstAdapterHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    WrongCaptureHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    TrimsUntrainedTailHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+}
+for _host, _also in _WIDENED_1207C.items():
+    _old = TARGETS[_host]
+    TARGETS[_host] = ((_old,) if isinstance(_old, str) else tuple(_old)) + _also
