@@ -1024,6 +1024,30 @@ def check_set_finetune_adapter__later_rows_use_the_new_weights(env: ConformanceE
     env.host.set_finetune_adapter(handed_copy(original))  # type: ignore[attr-defined]
 
 
+@check("set_finetune_adapter")
+def check_set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling(env: ConformanceEnv) -> None:
+    """A state of another rank or ``lora_alpha`` than the one installed before it (a second fine-tuning job on the
+    running engine, or a job restarted with other LoRA settings) runs the next fine-tuning rows at its own
+    ``lora_alpha / r``: rank 16 with alpha 16, rank 8 with alpha 32 (same rank, other alpha) and rank 4 with alpha 6,
+    each after the suite's rank-8 alpha-16 state. Blind batch 2026-12-07c, h07: the reserved slot kept the scaling of
+    the first state it was loaded with and later states replaced only A and B."""
+    from deltaserve_core.testing.tiny_model import build_lora_adapter
+
+    original = env.finetune_state
+    for k, (r, alpha) in enumerate(((16, 16.0), (8, 32.0), (4, 6.0))):
+        folder = build_lora_adapter(env.model_dir, env.model_dir.parent / f"finetune-adapter-r{r}-a{alpha:g}",
+                                    seed=30 + k, r=r, lora_alpha=alpha)
+        state = LoraAdapterState.load_pretrained(folder, name=original.name, version=original.version + 60 + k)
+        env.host.set_finetune_adapter(handed_copy(state))  # type: ignore[attr-defined]
+        samples = make_samples(env, 2, lengths=[8, 14], seed=179 + k, first_id=17900 + 10 * k)
+        problems = _captures_then_restore(env, state, samples, seed=179 + k)
+        if problems:
+            raise _fail(env, "set_finetune_adapter", f"after a rank-{original.config.r} state with lora_alpha "
+                        f"{original.config.lora_alpha:g}, set_finetune_adapter(rank {r}, lora_alpha {alpha:g}) must "
+                        f"run the next fine-tuning rows at its scaling {alpha / r:g}; the rows differ from "
+                        "transformers+PEFT with that state: " + "; ".join(problems[:3]))
+
+
 def _greedy_problems(env: ConformanceEnv, outputs, requests, weights) -> list[str]:  # noqa: ANN001
     """Outputs that are not transformers+PEFT's greedy tokens; ``weights(request)`` names the adapter's weights."""
     by_id = {o.request_id: o for o in outputs}

@@ -9,10 +9,13 @@ unseen; they register into :data:`.checks.CHECKS` like the fixed checks there.
 
 from __future__ import annotations
 
+import time
+
 from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientOutput, ClientRequest
 
-from .checks import _fail, _greedy_problems, check
+from .checks import (_call_from_a_thread_during_the_first_layer_input, _fail, _greedy_problems,
+                     _inject_into_first_idle, _needs_abort, check)
 from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -302,3 +305,173 @@ def _queued_requests_finish_on_a_retracted_version(env: ConformanceEnv, source: 
                     "weights") from None
     _fail_on(env, "retract_adapter", f"{setting}: expected each to finish on its weights; ",
              _greedy_problems(env, outputs, queued, lambda r: state))
+
+
+# ------------------------------------------------------------------------------------------ blind batch 2026-12-07c
+
+
+def _steps_until(env: ConformanceEnv, rec: Recorder, request_id: str, decoding: bool, limit: int = 50) -> None:
+    """Step until ``request_id`` has been offered (as a decode when ``decoding``)."""
+    for _ in range(limit):
+        env.host.step()  # type: ignore[attr-defined]
+        if any(r.request_id == request_id and (r.prefill_tokens == 0 or not decoding)
+               for b in rec.batches for r in b.scheduled):
+            return
+    raise _fail(env, "intercept_schedule", f"request {request_id!r} was not {'decoding' if decoding else 'scheduled'} "
+                f"after {limit} steps")
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__request_submitted_between_steps_is_in_the_next_offer(env: ConformanceEnv) -> None:
+    """A request whose ``submit`` returned before the host proposed a step has arrived, so the very next batch
+    offered to ``on_schedule`` lists it, scheduled or waiting: while other requests decode (every arrival under
+    load), several at once, one on the client adapter, and on an idle engine. Blind batch 2026-12-07c, h14: an inbox
+    drained into the waiting queue only after the step was proposed, so the offer after each arrival missed it. (An
+    arrival from another thread during a step may miss the offer already being formed; one between steps may not.)"""
+    rec = Recorder()
+    env.install(rec)
+    problems: list[str] = []
+
+    def arrive(requests: list[ClientRequest], when: str) -> None:
+        for r in requests:
+            env.host.submit(r)  # type: ignore[attr-defined]
+        offered = len(rec.batches)
+        for _ in range(5):  # a step() that only finishes work formed earlier offers nothing; the next offer counts
+            env.host.step()  # type: ignore[attr-defined]
+            if len(rec.batches) > offered:
+                break
+        else:
+            problems.append(f"{when}: no batch was offered in 5 step() calls after the submit")
+            return
+        b = rec.batches[offered]
+        listed = {r.request_id for r in b.scheduled + b.waiting}
+        missing = [r.request_id for r in requests if r.request_id not in listed]
+        if missing:
+            problems.append(f"{when}: step {b.step_id}, the first offered after submit() returned, lists "
+                            f"{sorted(listed)} in scheduled/waiting but not {missing}")
+
+    running = make_prompts(env, 1, seed=171, max_tokens=24, adapter_every=0, prefix="between-running")[0]
+    env.host.submit(running)  # type: ignore[attr-defined]
+    _steps_until(env, rec, running.request_id, decoding=True)
+    arrive(make_prompts(env, 1, seed=172, max_tokens=3, adapter_every=0, prefix="between-one"),
+           "one request submitted while another decodes")
+    arrive(make_prompts(env, 3, seed=173, max_tokens=3, adapter_every=2, prefix="between-three"),
+           "three requests (one on the client adapter) submitted while others decode")
+    env.run_stepwise([])
+    arrive(make_prompts(env, 1, seed=174, max_tokens=2, adapter_every=1, prefix="between-idle"),
+           "a client-adapter request submitted to an idle engine")
+    env.run_stepwise([])
+    if problems:
+        raise _fail(env, "intercept_schedule", "every request that arrived and has not finished must be in scheduled "
+                    "or waiting; " + "; ".join(problems))
+
+
+@check("intercept_schedule")
+def check_intercept_schedule__a_reused_request_id_is_a_new_request(env: ConformanceEnv) -> None:
+    """A request id may be submitted again once its request's output was returned (clients number requests per
+    session or per benchmark run), and the hooks then see a new request: on_arrival again, and in every offer no
+    token, token time or output count of the earlier one (no first token before its own prefill, no token time
+    before it was submitted). Reused after ``generate()`` and after ``submit()``/``step()``, on the base model and the
+    client adapter, while another request decodes. Blind batch 2026-12-07c, h16: a first-token clock keyed by request
+    id, forgotten only on abort, gave the reused id the old request's first-token time."""
+    first = make_prompts(env, 2, seed=175, max_tokens=4, adapter_every=2, prefix="reused")
+    env.run(first)
+    rec = Recorder()
+    env.install(rec)
+    problems: list[str] = []
+
+    def reuse(old: ClientRequest, new: ClientRequest, how: str, serve) -> None:  # noqa: ANN001
+        offered, told, since = len(rec.batches), len(rec.arrivals), time.monotonic()
+        outputs: list[ClientOutput] = serve([new])
+        arrivals = [t for rid, t in rec.arrivals[told:] if rid == new.request_id]
+        if len(arrivals) != 1:
+            problems.append(f"{how}: on_arrival came {len(arrivals)} times for the reused id {new.request_id!r}")
+        for b in rec.batches[offered:]:
+            for v in b.scheduled + b.waiting:
+                if v.request_id != new.request_id:
+                    continue
+                bad = []
+                if v.arrival_time < since:
+                    bad.append(f"arrival_time {v.arrival_time:.6f}")
+                if v.output_tokens == 0 and (v.first_token_time is not None or v.last_token_time is not None):
+                    bad.append(f"first_token_time {v.first_token_time} with output_tokens 0")
+                else:
+                    bad.extend(f"{name} {getattr(v, name):.6f}" for name in ("first_token_time", "last_token_time")
+                               if getattr(v, name) is not None and getattr(v, name) < since)
+                if v.output_tokens >= new.max_tokens:
+                    bad.append(f"output_tokens {v.output_tokens} (max_tokens {new.max_tokens})")
+                if bad:
+                    problems.append(f"{how}: step {b.step_id} offers {new.request_id!r} "
+                                    f"({'prefill' if v.prefill_tokens else 'decode'}) with {', '.join(bad)}, but "
+                                    f"this request was submitted at {since:.6f}: those belong to the earlier request "
+                                    f"of that id (prompt of {len(old.prompt_ids)} tokens)")
+                    return
+        out = [o for o in outputs if o.request_id == new.request_id]
+        if len(out) != 1 or len(out[0].token_ids) != new.max_tokens or out[0].arrival_time < since:
+            problems.append(f"{how}: the client got {[(len(o.token_ids), o.arrival_time) for o in out]} (tokens, "
+                            f"arrival_time) for {new.request_id!r}; expected one output of {new.max_tokens} tokens "
+                            f"arriving at or after {since:.6f}")
+
+    # again through generate(), another prompt under the same id
+    for old, salt in zip(first, (1, 2)):
+        new = ClientRequest(old.request_id, make_prompts(env, 1, seed=176, token_salt=salt)[0].prompt_ids, 5,
+                            adapter=old.adapter)
+        reuse(old, new, f"{old.request_id!r} reused by generate()", env.run)
+    # again through submit() while another request decodes, then a third time
+    old = first[0]
+    other = make_prompts(env, 1, seed=177, max_tokens=12, adapter_every=0, prefix="reused-beside")[0]
+    env.host.submit(other)  # type: ignore[attr-defined]
+    _steps_until(env, rec, other.request_id, decoding=True)
+    for salt in (3, 4):
+        new = ClientRequest(old.request_id, make_prompts(env, 1, seed=176, token_salt=salt)[0].prompt_ids, 3)
+        reuse(old, new, f"{old.request_id!r} reused by submit() beside a decode", env.run_stepwise)
+    if problems:
+        raise _fail(env, "intercept_schedule", "a reused request id must be a new request in every hook; "
+                    + "; ".join(problems[:3]))
+
+
+@check("intercept_schedule", requires=_needs_abort)
+def check_intercept_schedule__request_arriving_during_an_aborted_step_is_served(env: ConformanceEnv) -> None:
+    """Requests submitted from another thread while a fine-tuning-only step runs, which the core then aborts at the
+    next layer boundary because they arrived (the situation aborts exist for), are served in full: has_unfinished()
+    is True once the aborted step returns, and step() brings their outputs. Blind batch 2026-12-07c, h28: an aborted
+    step put the waiting queue back as it was before the forward (a failed step's retry path), losing the arrivals."""
+    samples = make_samples(env, 2, lengths=[9, 12], seed=178, first_id=17800)
+    late = make_prompts(env, 2, seed=178, max_tokens=3, adapter_every=2, prefix="aborting-arrival")
+    fired: list[int] = []
+    rec = Recorder(inject=_inject_into_first_idle(samples, fired))
+    ids = {r.request_id for r in late}
+    # the core's should_abort: True once a client request has arrived during the step
+    rec.should_abort = lambda step_id: (Recorder.should_abort(rec, step_id)  # type: ignore[method-assign]
+                                        or bool(ids & {rid for rid, _ in rec.arrivals}))
+
+    def arrive() -> None:
+        for r in late:
+            env.host.submit(r)  # type: ignore[attr-defined]
+
+    seen = _call_from_a_thread_during_the_first_layer_input(rec, arrive, 2.0, "conformance-aborting-arrival")
+    env.install(rec)
+    env.host.run_idle_step()  # type: ignore[attr-defined]
+    if seen.thread is not None:
+        seen.thread.join(timeout=30.0)
+    if not fired or seen.thread is None:
+        raise _fail(env, "intercept_schedule", "run_idle_step() ran no fine-tuning-only step that delivered a layer "
+                    "input, so no request could arrive during one")
+    if "error" in seen:
+        raise _fail(env, "intercept_schedule", f"submit() from another thread during fine-tuning-only step "
+                    f"{fired[0]} raised {type(seen['error']).__name__}: {seen['error']}; expected the request accepted")
+    record = rec.record_for(fired[0])
+    aborted = bool(record and record.aborted_sample_ids)
+    pending = env.host.has_unfinished()  # type: ignore[attr-defined]
+    outputs = []
+    for _ in range(200):
+        if not env.host.has_unfinished():  # type: ignore[attr-defined]
+            break
+        outputs.extend(env.host.step())  # type: ignore[attr-defined]
+    got = {o.request_id: len(o.token_ids) for o in outputs}
+    lost = sorted(r.request_id for r in late if got.get(r.request_id) != r.max_tokens)
+    if lost or not pending:
+        raise _fail(env, "intercept_schedule", f"{sorted(ids)} were submitted from another thread during "
+                    f"fine-tuning-only step {fired[0]} ({'aborted' if aborted else 'not aborted'}: record "
+                    f"{record}); has_unfinished() after it: {pending}; outputs (id: tokens) {got}; expected each "
+                    f"request to join a later step and get its {late[0].max_tokens} tokens, never lost")

@@ -63,7 +63,9 @@ class ModelShape:
 #: Mistral; Llama-3 5e5) with Llama-3.1's RoPE scaling (``rope_type: llama3``, as Llama-3.1/3.2 ship), a vocabulary
 #: past 65536 (Llama-3, Qwen: ids that overflow 16 bits), a generation_config.json with a repetition penalty (Qwen2.5-Instruct ships one; a greedy client request must not
 #: pick it up), a context longer than the default step budget (4096 positions over 2048 tokens: a prompt can fill a
-#: whole step) and a client adapter with lora_alpha 32 (scaling from the adapter's own config, not a default 16).
+#: whole step), a list of EOS ids (Llama-3 Instruct, Qwen2.5: every one stops a request, not only the first; the
+#: three after the tokenizer's are ids the model's greedy continuations of the EOS check's probes emit, so that check
+#: meets them) and a client adapter with lora_alpha 32 (scaling from the adapter's own config, not a default 16).
 #: checks_shapes.py re-runs the numeric checks on it in a child process.
 MODEL_SHAPES: dict[str, ModelShape] = {
     "test": ModelShape(),
@@ -73,7 +75,8 @@ MODEL_SHAPES: dict[str, ModelShape] = {
                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 1024},
                "attention_bias": True, "tie_word_embeddings": True, "rope_theta": 1.0e6,
-               "model_vocab_size": 70000, "generation_config": {"repetition_penalty": 1.3}},
+               "model_vocab_size": 70000, "generation_config": {"repetition_penalty": 1.3},
+               "extra_eos_token_ids": (23658, 13478, 17994)},
         client_lora_alpha=32.0),
 }
 

@@ -131,13 +131,15 @@ RULES: tuple[Rule, ...] = (
          ("intercept_schedule__injected_rows_run_in_same_step",
           "intercept_schedule__client_outputs_match_independent_model")),
     Rule("HostDriver.submit", "never lost", ("intercept_schedule__request_submitted_during_a_step_is_served",
-                                             "driver__a_prompt_of_the_whole_step_budget_is_served")),
+                                             "driver__a_prompt_of_the_whole_step_budget_is_served",
+                                             "intercept_schedule__request_arriving_during_an_aborted_step_is_served")),
     Rule("check_client_adapter", "What every host's ``submit`` must refuse",
          ("intercept_schedule__reserved_adapter_refused", "intercept_schedule__reserved_adapter_variants_refused",
           "intercept_schedule__no_on_arrival_for_refused_requests", "driver__unknown_adapter_refused",
           "intercept_schedule__reserved_adapter_refused_by_generate")),
     Rule("ScheduleInterceptor.on_arrival", "must never be lost",
-         ("intercept_schedule__request_submitted_during_a_step_is_served",)),
+         ("intercept_schedule__request_submitted_during_a_step_is_served",
+          "intercept_schedule__request_arriving_during_an_aborted_step_is_served")),
     Rule("ActivationSink.begin_step", "Called once per such step, before layer 0",
          ("capture_activation__call_order", "generated__scenarios_keep_every_invariant")),
     Rule("ActivationSink.layer_input", "Called once per (layer, fine-tuning sample)",
@@ -239,7 +241,8 @@ RULES: tuple[Rule, ...] = (
     Rule("ProposedBatch", "never in both", ("intercept_schedule__scheduled_and_waiting_are_disjoint",)),
     Rule("StepRecord", "A ``step_id`` is never reused", ("report_step_time__step_ids_never_repeat",)),
     Rule("ScheduledRequest", "A token's time is never before the forward",
-         ("intercept_schedule__token_times_not_before_their_step",)),
+         ("intercept_schedule__token_times_not_before_their_step",
+          "intercept_schedule__a_reused_request_id_is_a_new_request")),
     Rule("HostCapabilities", "It must be the host's whole per-step token budget",
          ("capabilities__finetune_budget_is_the_step_budget",)),
     Rule("ModelSpec", "``path`` must be a local transformers checkpoint folder",
@@ -298,6 +301,15 @@ RULES: tuple[Rule, ...] = (
           "retract_adapter__requests_in_flight_finish_on_their_version")),
     Rule("HostHooks.retract_adapter", "finish on its weights, never failed or moved to another adapter",
          ("retract_adapter__requests_in_flight_finish_on_their_version",)),
+    # --- blind batch 2026-12-07c, h07 h14 h16 h28 (checks.py, checks_interleaving.py)
+    Rule("HostHooks.set_finetune_adapter", "A state carries its own rank and ``lora_alpha``",
+         ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",)),
+    Rule("ProposedBatch", "A request whose ``submit`` returned before the host proposed the step has arrived",
+         ("intercept_schedule__request_submitted_between_steps_is_in_the_next_offer",)),
+    Rule("ClientRequest", "Every id of the checkpoint's ``eos_token_id`` is an EOS",
+         ("driver__ignore_eos_false_stops_at_the_first_eos",)),
+    Rule("ClientRequest", "once its output was returned the id may be submitted again",
+         ("intercept_schedule__a_reused_request_id_is_a_new_request",)),
 )
 
 
@@ -313,6 +325,7 @@ SHAPE_RERUNS: tuple[str, ...] = (
     "capture_activation__abort_stops_finetune_only_step",
     "model_spec__matches_the_checkpoint",
     "driver__a_prompt_of_the_whole_step_budget_is_served",
+    "driver__ignore_eos_false_stops_at_the_first_eos",
 )
 
 RULES = tuple(Rule(r.where, r.phrase, r.checks + tuple(f"deep_model__{c}" for c in r.checks if c in SHAPE_RERUNS),

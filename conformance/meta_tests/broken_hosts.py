@@ -2597,6 +2597,112 @@ class FinetuneStateOverwritesClientHost(ReferenceHost):
             self._adapters[state.name] = self._adapters[RESERVED_ADAPTER_NAME]
 
 
+
+class FinetuneSlotKeepsScalingHost(ReferenceHost):
+    """The reserved slot keeps the ``lora_alpha / r`` of the first state loaded into it; later states replace A and B
+    only (an optimizer-step fast path; blind batch 2026-12-07c, h07)."""
+
+    name = "broken-finetune-slot-keeps-scaling"
+
+    def set_finetune_adapter(self, state) -> None:  # noqa: ANN001
+        from deltaserve_core.testing.reference_host import _Lora
+
+        slot = self._adapters.get(RESERVED_ADAPTER_NAME)
+        super().set_finetune_adapter(state)
+        if slot is not None:
+            self._adapters[RESERVED_ADAPTER_NAME] = _Lora(slot.scaling, self._adapters[RESERVED_ADAPTER_NAME].pairs)
+
+
+class InboxAfterProposalHost(ReferenceHost):
+    """submit() puts requests on an inbox that the engine loop moves into its waiting queue only after the step was
+    proposed: a request submitted between steps is in neither list of the next offer and runs a step later (blind batch
+    2026-12-07c, h14)."""
+
+    name = "broken-inbox-after-proposal"
+
+    def _enqueue(self, request: ClientRequest) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.__dict__.setdefault("_inbox", []).append(_Seq(request, now))
+        if self._interceptor is not None:
+            self._interceptor.on_arrival(request.request_id, now)
+
+    def _step(self, allow_idle: bool, report_executed: bool = False):  # noqa: ANN202
+        try:
+            return super()._step(allow_idle, report_executed)
+        finally:
+            with self._lock:
+                self._waiting.extend(self.__dict__.pop("_inbox", []))
+
+    def has_unfinished(self) -> bool:
+        return super().has_unfinished() or bool(self.__dict__.get("_inbox"))
+
+    def _forget_withdrawn(self) -> None:
+        # requests in the inbox keep their (retracted) version resident, as queued ones do
+        with self._lock:
+            unfinished = [s.request for s in [*self._waiting, *self.__dict__.get("_inbox", [])]]
+        self._withdrawn.release(unfinished + [s.request for s in self._running])
+
+    def shutdown(self) -> None:
+        self.__dict__.pop("_inbox", None)
+        super().shutdown()
+
+
+class _ClockById(_EditsViews):
+    def edit(self, view):  # noqa: ANN001, ANN201
+        import dataclasses
+
+        clock = self.host.__dict__.setdefault("_first_token_at", {})
+        if view.first_token_time is not None:
+            clock.setdefault(view.request_id, view.first_token_time)
+        first = clock.get(view.request_id)
+        return view if first is None else dataclasses.replace(view, first_token_time=first)
+
+
+class TokenClockByIdHost(_WrapsInterceptor):
+    """First-token times live in a dict keyed by request id that a finished request never leaves: a request submitted
+    under the id of one that finished is offered with that one's first-token time, in its prefill step too (blind batch
+    2026-12-07c, h16)."""
+
+    name = "broken-token-clock-by-id"
+
+    def wrap(self, interceptor: ScheduleInterceptor) -> ScheduleInterceptor:
+        return _ClockById(interceptor, self)
+
+
+class AbortRestoresQueueHost(ReferenceHost):
+    """An aborted fine-tuning-only step puts the waiting queue back as it was before the forward (a failed step's
+    retry path): the requests whose arrival made the core abort are lost (blind batch 2026-12-07c, h28)."""
+
+    name = "broken-abort-restores-queue"
+
+    def _execute(self, step_id, rows, tokens, synthetic: bool = False) -> StepRecord:  # noqa: ANN001
+        from collections import deque
+
+        with self._lock:
+            before = list(self._waiting)
+        record = super()._execute(step_id, rows, tokens, synthetic)
+        if record.aborted_sample_ids and all(r.sample is not None for r in rows):
+            with self._lock:
+                self._waiting = deque(before)
+        return record
+
+
+
+class FirstEosIdOnlyHost(ReferenceHost):
+    """Keeps one EOS id, the first of a list-valued ``eos_token_id``: the checkpoint's other EOS ids never stop a
+    request (blind batch 2026-12-07c, h10). Exact on a checkpoint with one EOS id."""
+
+    name = "broken-first-eos-id-only"
+
+    def _is_done(self, s: _Seq) -> bool:
+        if len(s.output) >= s.request.max_tokens:
+            return True
+        eos = self.model.config.eos_token_id
+        first = eos[0] if isinstance(eos, list) else eos
+        return bool(s.output) and not s.request.ignore_eos and s.output[-1] == first
+
+
 TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # a step offered twice: its prefill counted twice against the prompt
     DoubleInterceptHost: ("intercept_schedule__once_per_step",
@@ -2872,4 +2978,30 @@ TARGETS: dict[type[ReferenceHost], str | tuple[str, ...]] = {
     # the client adapter stays overwritten after that check: the later rank check serves it on the wrong weights too
     FinetuneStateOverwritesClientHost: ("set_finetune_adapter__requests_in_flight_keep_their_adapter",
                                         "publish_adapter__adapters_of_different_ranks_in_one_step_serve_their_weights"),
+    # blind batch 2026-12-07c's misses h07 h14 h16 h28
+    FinetuneSlotKeepsScalingHost: "set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",
+    InboxAfterProposalHost: "intercept_schedule__request_submitted_between_steps_is_in_the_next_offer",
+    TokenClockByIdHost: "intercept_schedule__a_reused_request_id_is_a_new_request",
+    AbortRestoresQueueHost: "intercept_schedule__request_arriving_during_an_aborted_step_is_served",
+    FirstEosIdOnlyHost: "deep_model__driver__ignore_eos_false_stops_at_the_first_eos",
 }
+
+# The 2026-12-07c checks reach older hosts through their own bugs: a reused id is offered like any request, so a host
+# that times a token that does not exist, counts the prompt as output or never calls on_arrival shows it there too;
+# the rank/alpha check compares captures like every set_finetune_adapter check, and scaling bugs meet its alphas; a
+# host that loses mid-step submits loses the ones that abort a step as well.
+_WIDENED_1207C: dict[type[ReferenceHost], tuple[str, ...]] = {
+    ArrivalAsLastTokenTimeHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    BulkGenerateNoArrivalHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    SilentArrivalHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    OutputTokensCountPromptHost: ("intercept_schedule__a_reused_request_id_is_a_new_request",),
+    ParksMidStepSubmitsHost: ("intercept_schedule__request_arriving_during_an_aborted_step_is_served",),
+    FirstFinetuneAdapterOnlyHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    IntegerLoraScalingHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    RankOfFirstAdapterHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    WrongCaptureHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+    TrimsUntrainedTailHost: ("set_finetune_adapter__a_state_of_another_rank_or_alpha_runs_at_its_own_scaling",),
+}
+for _host, _also in _WIDENED_1207C.items():
+    _old = TARGETS[_host]
+    TARGETS[_host] = ((_old,) if isinstance(_old, str) else tuple(_old)) + _also

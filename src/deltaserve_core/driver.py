@@ -23,7 +23,12 @@ class ClientRequest:
     """A greedy generation request: ``max_tokens`` new tokens after ``prompt_ids``.
 
     With ``ignore_eos=False`` it must stop at the first EOS it generates, EOS included as its last token; with
-    ``ignore_eos=True`` (the default) it runs on to ``max_tokens``."""
+    ``ignore_eos=True`` (the default) it runs on to ``max_tokens``. Every id of the checkpoint's ``eos_token_id`` is an
+    EOS, which is a list in many checkpoints (Llama-3 Instruct, Qwen2.5): a request must stop at any of them, never
+    only at the first.
+
+    A ``request_id`` names one request while it is in flight; once its output was returned the id may be submitted
+    again, and every hook must then see a new request (its own arrival, no token or token time of the earlier one)."""
 
     request_id: str
     prompt_ids: tuple[int, ...]

@@ -217,7 +217,9 @@ class HostHooks(Protocol):
         all (a rank above its ``max_lora_rank``, say) is refused the same way: by raising, never by logging the
         error and keeping the previous weights (the core would train on rows it did not compute). Client requests in
         flight when it is called keep the weights they were submitted on: it changes the reserved adapter only, never
-        the adapter (or the adapter slot) of a client request.
+        the adapter (or the adapter slot) of a client request. A state carries its own rank and ``lora_alpha``: later
+        rows must run at its ``lora_alpha / r`` also when the state installed before it had another rank or alpha (a
+        second job on the running engine), never at the scaling the reserved slot was first loaded with.
         """
         ...
 

@@ -61,14 +61,17 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
                      tie_word_embeddings: bool = False, rope_theta: float = 10000.0,
                      model_vocab_size: int | None = None,
                      generation_config: dict[str, float | int] | None = None,
-                     rope_scaling: dict[str, float | str] | None = None) -> Path:
+                     rope_scaling: dict[str, float | str] | None = None,
+                     extra_eos_token_ids: tuple[int, ...] | None = None) -> Path:
     """Write a random-weight ``LlamaForCausalLM`` + tokenizer folder (idempotent: reuses a matching folder).
 
     ``vocab_size`` is the tokenizer's BPE target; ``model_vocab_size`` widens the model's embedding and head past the
     tokenizer (as Qwen's and Llama-3's checkpoints do), so token ids the tokenizer never emits still reach the model.
     ``attention_bias`` gives q/k/v/o random non-zero biases; ``generation_config`` is written as the checkpoint's
     ``generation_config.json`` (sampling defaults an engine may pick up); ``rope_scaling`` adds RoPE scaling parameters
-(e.g. Llama-3.1's ``{"rope_type": "llama3", "factor": 8.0, ...}``) to the rope base."""
+(e.g. Llama-3.1's ``{"rope_type": "llama3", "factor": 8.0, ...}``) to the rope base; ``extra_eos_token_ids`` makes
+``eos_token_id`` a list, the tokenizer's EOS first and then these, in config.json and generation_config.json alike (as
+Llama-3 Instruct and Qwen2.5 ship it)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     out = Path(directory)
@@ -78,7 +81,8 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
     variations = {"head_dim": head_dim, "attention_bias": attention_bias or None,
                   "tie_word_embeddings": tie_word_embeddings or None,
                   "rope_theta": rope_theta if rope_theta != 10000.0 else None, "model_vocab_size": model_vocab_size,
-                  "generation_config": generation_config, "rope_scaling": rope_scaling}
+                  "generation_config": generation_config, "rope_scaling": rope_scaling,
+                  "extra_eos_token_ids": list(extra_eos_token_ids) if extra_eos_token_ids else None}
     stamp.update({k: v for k, v in variations.items() if v is not None})  # the default model's stamp is unchanged
     marker = out / "deltaserve_tiny.json"
 
@@ -90,6 +94,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
         return out
     with _building(out) as staging:
         tokenizer = _train_tokenizer(vocab_size)
+        eos = [tokenizer.eos_token_id, *extra_eos_token_ids] if extra_eos_token_ids else tokenizer.eos_token_id
         config = LlamaConfig(
             vocab_size=max(len(tokenizer), model_vocab_size or 0), hidden_size=hidden_size,
             intermediate_size=intermediate_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
@@ -97,7 +102,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
             max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, attention_bias=attention_bias,
             rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta), **(rope_scaling or {})},
             tie_word_embeddings=tie_word_embeddings, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
         )
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(dtype)
@@ -111,7 +116,7 @@ def build_tiny_llama(directory: str | os.PathLike[str], *, num_layers: int = 2, 
         tokenizer.save_pretrained(staging)
         if generation_config is not None:
             (staging / "generation_config.json").write_text(json.dumps(
-                {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id, **generation_config},
+                {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos, **generation_config},
                 indent=2))
         (staging / marker.name).write_text(json.dumps(stamp))
         return install_folder(staging, out, keep=built)
