@@ -102,8 +102,8 @@ class ProposedBatch:
     not in this step (queued prefills, or on hosts without mixed batches the decodes this prefill step
     defers); they matter because their TTFT/TPOT clocks keep running while this step executes. Every request that
     arrived and has not finished must be in ``scheduled`` or ``waiting`` (the core prices admission against all of them).
-A request whose ``submit`` returned before the host proposed the step has arrived: it must be in that step's batch (a
-host whose scheduler takes requests from a queue drains the queue before proposing, never after).
+    A request whose ``submit`` returned before the host proposed the step has arrived: it must be in that step's batch
+    (a host whose scheduler takes requests from a queue drains the queue before proposing, never after).
     A request is in at most one of the two, never in both: a decode running in this step is ``scheduled`` only.
     ``mode`` is the execution mode the host would use for the batch *as proposed* (no fine-tuning rows).
     """
