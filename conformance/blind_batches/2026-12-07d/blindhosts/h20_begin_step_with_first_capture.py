@@ -1,0 +1,96 @@
+"""begin_step is issued lazily together with the first layer's capture: a step aborted at its first boundary gets no
+begin_step.
+
+Rule: hooks.py, ActivationSink.begin_step: "A step carrying ``samples`` is about to run its forward. Called once per
+such step, before layer 0." / ActivationSink.should_abort: "On ``True`` the host stops the forward at that boundary,
+calls :meth:`end_step` with all samples aborted"
+
+Bug: the capture hook of layer 0 opens the step on the sink (begin_step) right before its first layer_input, after the
+abort poll of that boundary: a fine-tuning-only step aborted before layer 0 calls end_step (all aborted) for a step
+that never began. Steps that reach layer 0 are exact.
+Trigger: a fine-tuning-only step aborted at its first layer boundary (a client request arriving as the idle step
+starts).
+"""
+from __future__ import annotations
+
+import dataclasses  # noqa: F401
+import math  # noqa: F401
+import time  # noqa: F401
+from collections.abc import Sequence  # noqa: F401
+
+import torch  # noqa: F401
+import torch.nn.functional as F  # noqa: F401
+
+from deltaserve_core.adapter_state import LoraAdapterState, parse_peft_key  # noqa: F401
+from deltaserve_core.driver import ClientOutput, ClientRequest, check_client_adapter, run_to_completion, take_kept  # noqa: F401
+from deltaserve_core.hooks import RESERVED_ADAPTER_NAME  # noqa: F401
+from deltaserve_core.hostkit import profile_seed, published_name  # noqa: F401
+from deltaserve_core.testing.reference_host import ReferenceHost, _as_list, _Lora, _Row, _Seq  # noqa: F401
+from deltaserve_core.types import (  # noqa: F401
+    ExecutionMode,
+    FineTuneSample,
+    ModelSpec,
+    ProposedBatch,
+    RequestSLO,
+    ScheduledRequest,
+    StepRecord,
+)
+
+
+class Host(ReferenceHost):
+    """begin_step_with_first_capture: see the module docstring."""
+
+    def _execute(self, step_id: int, rows: list[_Row], tokens: torch.Tensor, synthetic: bool = False) -> StepRecord:
+        sink = self._activation_sink
+        ft_rows = [r for r in rows if r.sample is not None]
+        ft_only = bool(ft_rows) and len(ft_rows) == len(rows)
+        capture = sink is not None and bool(ft_rows) and not synthetic
+        aborted = False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.monotonic()
+        with torch.inference_mode():
+            # BUG: begin_step moved into the first layer's capture (below)
+            tokens = tokens.to(self.device)
+            positions = torch.cat([torch.arange(r.past, r.past + r.length) for r in rows]).to(self.device)
+            groups: dict[str, list[int]] = {}
+            for r in rows:
+                if r.adapter is not None:
+                    groups.setdefault(r.adapter, []).extend(range(r.start, r.start + r.length))
+            index = {a: torch.tensor(v, device=self.device) for a, v in groups.items()}
+            hidden = self._inner.embed_tokens(tokens)
+            cos, sin = self._inner.rotary_emb(hidden.unsqueeze(0), positions.unsqueeze(0))
+            for li, layer in enumerate(self._layers):
+                if ft_only and sink is not None and not synthetic and sink.should_abort(step_id):
+                    aborted = True
+                    break
+                if capture:
+                    if li == 0:  # BUG: begin_step issued with the first capture, after the abort poll
+                        sink.begin_step(step_id, [r.sample for r in ft_rows])  # type: ignore[misc]
+                    for r in ft_rows:
+                        sink.layer_input(step_id, li, r.sample.sample_id,  # type: ignore[union-attr]
+                                         hidden[r.start:r.start + r.length])
+                elif synthetic and ft_rows:
+                    for r in ft_rows:  # the copy a capture sink makes, so calibration prices it
+                        hidden[r.start:r.start + r.length].clone()
+                hidden = self._layer(li, layer, hidden, rows, cos, sin, index)
+            if not aborted:
+                self._sample(rows, hidden)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        duration = time.monotonic() - start
+        ft_ids = tuple(r.sample.sample_id for r in ft_rows)  # type: ignore[union-attr]
+        if capture:
+            sink.end_step(step_id, () if aborted else ft_ids, ft_ids if aborted else ())  # type: ignore[union-attr]
+        record = StepRecord(
+            step_id=step_id, start_time=start, duration_s=duration, mode=ExecutionMode.EAGER,
+            prefill_lengths=tuple(r.length for r in rows if r.sample is None and r.past == 0 and r.fake_kv is None),
+            num_decode=sum(1 for r in rows if r.sample is None and (r.past > 0 or r.fake_kv is not None)),
+            kv_tokens=sum(r.past for r in rows if r.sample is None and (r.past > 0 or r.fake_kv is not None)),
+            finetune_sample_ids=() if aborted else ft_ids,
+            finetune_lengths=() if aborted else tuple(r.length for r in ft_rows),
+            aborted_sample_ids=ft_ids if aborted else (), synthetic=synthetic,
+        )
+        if self._step_sink is not None:
+            self._step_sink(record)
+        return record
