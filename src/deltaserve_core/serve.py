@@ -105,11 +105,20 @@ def build_command(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     from .job_config import load_job_config
     from .preflight import check_job, check_local_files
 
-    # the checks that need no torch first: a mistyped job is refused before seconds of imports
+    # the checks that need no torch first (the job, then the model's modules from its safetensors headers): a
+    # mistyped job is refused before seconds of imports; the host's entry point and the writable checkpoint folder
+    # (which imports torch) after them
     job = load_job_config(args.job)
     api_key = resolve_api_key(args.api_key, environ)
     check_job(job, None, max_lora_rank=args.max_lora_rank,
               how_to_raise_rank=f"or start with --max-lora-rank {job.lora.r}")
+    from .assets import resolve_model
+
+    model_dir = resolve_model(args.model)
+    if not Path(model_dir, "config.json").is_file():
+        raise FileNotFoundError(f"model {args.model!r}: {model_dir} has no config.json; give a transformers "
+                                "checkpoint folder (or tiny / smollm2)")
+    check_job(job, model_dir)  # the target modules against the model's safetensors headers, before it loads
     from .registry import HostUnavailableError, get_host_spec
 
     spec = get_host_spec(args.host)
@@ -120,13 +129,6 @@ def build_command(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     problem = spec.version_problem()
     if problem:
         raise HostUnavailableError(f"host {args.host!r}: {problem}")
-    from .assets import resolve_model
-
-    model_dir = resolve_model(args.model)
-    if not Path(model_dir, "config.json").is_file():
-        raise FileNotFoundError(f"model {args.model!r}: {model_dir} has no config.json; give a transformers "
-                                "checkpoint folder (or tiny / smollm2)")
-    check_job(job, model_dir)  # the target modules against the model's safetensors headers, before it loads
     check_local_files(job)
     _check_port(args.host_addr, args.port)
     from .driver import HostConfig
