@@ -84,10 +84,11 @@ class HostSpec:
     ``supported`` is the PEP 440 range the adapter is tested against. ``stock`` is ``"module:callable"`` of the
     engine run as shipped, without DeltaServe (the bench's ``stock`` systems; see ``deltaserve_vllm.stock.run_stock``
     for the signature), or empty where the host has none. ``operator_command`` is ``"module:callable"`` of a
-    function ``(HostConfig, job_path, *, listen=None, api_key=None, extra=()) -> ServerCommand``: the engine's own
-    server command with DeltaServe switched on, under the settings ``HostConfig`` describes (``deltaserve
-    calibrate`` prints it, ``deltaserve serve`` runs it); ``listen`` is an ``(address, port)``, ``api_key`` the key
-    the server must require (None: none), ``extra`` the operator's own engine arguments, appended; empty where the
+    function ``(HostConfig, job_path, *, listen=None, api_key=None, jobs_api=False, extra=()) -> ServerCommand``:
+    the engine's own server command with DeltaServe switched on, under the settings ``HostConfig`` describes
+    (``deltaserve calibrate`` prints it, ``deltaserve serve`` runs it); ``listen`` is an ``(address, port)``,
+    ``api_key`` the key the server must require (None: none), ``jobs_api`` whether the fine-tuning jobs routes are
+    mounted where the engine needs a switch for them, ``extra`` the operator's own engine arguments, appended; empty where the
     engine has no server DeltaServe attaches to (the reference host). ``patches`` is ``"module:attribute"`` of the adapter's run-time patches
     to its engine, a sequence of :class:`~deltaserve_core.hostkit.PatchRecord` in a module that imports no engine
     (``deltaserve hosts --patches``), or empty where the host patches nothing.
