@@ -106,6 +106,21 @@ def test_the_slora_line_is_its_launcher_with_the_operators_arguments_after_the_d
         "--batch_max_tokens", "2048", "--host", "127.0.0.1", "--port", str(port), "--lora-dirs", "/adapters/a"]
 
 
+def test_the_command_runs_under_this_interpreter_and_finds_console_scripts_beside_it() -> None:
+    """``python`` is the interpreter DeltaServe runs under, and a console script (CUDA vLLM's ``vllm``) is the one
+    installed beside it, also when its environment is not on ``PATH``."""
+    from deltaserve_core.registry import ServerCommand
+
+    assert ServerCommand(("python", "-m", "x")).resolved_argv() == [sys.executable, "-m", "x"]
+    beside = Path(sys.executable).with_name("pytest")
+    assert beside.is_file()  # the test command installs pytest into the environment it runs
+    assert ServerCommand(("pytest", "--version")).resolved_argv() == [str(beside), "--version"]
+    assert ServerCommand(("no-such-script-here",)).resolved_argv() == ["no-such-script-here"]
+    shown = ServerCommand(("python", "-m", "x", "--api-key", "k3y"), {"A": "a b", "K": "k3y"}, frozenset({"K"}),
+                          frozenset({4})).shell()
+    assert shown == 'A=\'a b\' K="$K" python -m x --api-key "$DELTASERVE_API_KEY"' and "k3y" not in shown
+
+
 @pytest.fixture(scope="module")
 def launched(job: Path, tiny_model: Path, calibrated: list[str]) -> Iterator[dict]:
     port = _free_port()

@@ -1752,6 +1752,15 @@ def check_run_profile_step__reports_the_mode_it_ran_in(env: ConformanceEnv) -> N
                 raise _fail(env, "run_profile_step", f"asked {mode.value}, which this host cannot run, and got it back")
 
 
+def _step_until_decoding(env: ConformanceEnv, rec: Recorder, request_id: str, limit: int = 50) -> None:
+    """``step()`` until a batch offered to ``rec`` schedules ``request_id`` as a decode (its prompt done)."""
+    for _ in range(limit):
+        env.host.step()  # type: ignore[attr-defined]
+        if any(r.request_id == request_id and r.prefill_tokens == 0 for b in rec.batches for r in b.scheduled):
+            return
+    raise _fail(env, "intercept_schedule", f"request {request_id!r} never decoded in {limit} steps")
+
+
 @check("intercept_schedule")
 def check_intercept_schedule__batch_lists_every_unfinished_request(env: ConformanceEnv) -> None:
     """Every request that arrived and has not finished is in the offered batch, scheduled or waiting: in particular
@@ -1764,12 +1773,7 @@ def check_intercept_schedule__batch_lists_every_unfinished_request(env: Conforma
     # and a request that has finished by then need not be listed.
     first, second = make_prompts(env, 2, seed=43, max_tokens=32, adapter_every=0)
     env.host.submit(first)  # type: ignore[attr-defined]
-    for _ in range(50):
-        env.host.step()  # type: ignore[attr-defined]
-        if any(r.request_id == first.request_id and r.prefill_tokens == 0 for b in rec.batches for r in b.scheduled):
-            break
-    else:
-        raise _fail(env, "intercept_schedule", f"request {first.request_id!r} never decoded in 50 steps")
+    _step_until_decoding(env, rec, first.request_id)
     seen = len(rec.batches)
     env.host.submit(second)  # type: ignore[attr-defined]  # arrives while the first decodes (8 tokens to go)
     env.run_stepwise([])

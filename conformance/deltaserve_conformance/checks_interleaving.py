@@ -15,7 +15,7 @@ from deltaserve_core.adapter_state import LoraAdapterState
 from deltaserve_core.driver import ClientOutput, ClientRequest
 
 from .checks import (_call_from_a_thread_during_the_first_layer_input, _fail, _greedy_problems,
-                     _inject_into_first_idle, _needs_abort, check)
+                     _inject_into_first_idle, _needs_abort, _step_until_decoding, check)
 from .harness import PREFIX_SPAN, ConformanceEnv, Recorder, handed_copy, make_prompts, make_samples
 
 __all__: list[str] = []
@@ -310,17 +310,6 @@ def _queued_requests_finish_on_a_retracted_version(env: ConformanceEnv, source: 
 # ------------------------------------------------------------------------------------------ blind batch 2026-12-07c
 
 
-def _steps_until(env: ConformanceEnv, rec: Recorder, request_id: str, decoding: bool, limit: int = 50) -> None:
-    """Step until ``request_id`` has been offered (as a decode when ``decoding``)."""
-    for _ in range(limit):
-        env.host.step()  # type: ignore[attr-defined]
-        if any(r.request_id == request_id and (r.prefill_tokens == 0 or not decoding)
-               for b in rec.batches for r in b.scheduled):
-            return
-    raise _fail(env, "intercept_schedule", f"request {request_id!r} was not {'decoding' if decoding else 'scheduled'} "
-                f"after {limit} steps")
-
-
 @check("intercept_schedule")
 def check_intercept_schedule__request_submitted_between_steps_is_in_the_next_offer(env: ConformanceEnv) -> None:
     """A request whose ``submit`` returned before the host proposed a step has arrived, so the very next batch
@@ -352,7 +341,7 @@ def check_intercept_schedule__request_submitted_between_steps_is_in_the_next_off
 
     running = make_prompts(env, 1, seed=171, max_tokens=24, adapter_every=0, prefix="between-running")[0]
     env.host.submit(running)  # type: ignore[attr-defined]
-    _steps_until(env, rec, running.request_id, decoding=True)
+    _step_until_decoding(env, rec, running.request_id)
     arrive(make_prompts(env, 1, seed=172, max_tokens=3, adapter_every=0, prefix="between-one"),
            "one request submitted while another decodes")
     arrive(make_prompts(env, 3, seed=173, max_tokens=3, adapter_every=2, prefix="between-three"),
@@ -421,7 +410,7 @@ def check_intercept_schedule__a_reused_request_id_is_a_new_request(env: Conforma
     old = first[0]
     other = make_prompts(env, 1, seed=177, max_tokens=12, adapter_every=0, prefix="reused-beside")[0]
     env.host.submit(other)  # type: ignore[attr-defined]
-    _steps_until(env, rec, other.request_id, decoding=True)
+    _step_until_decoding(env, rec, other.request_id)
     for salt in (3, 4):
         new = ClientRequest(old.request_id, make_prompts(env, 1, seed=176, token_salt=salt)[0].prompt_ids, 3)
         reuse(old, new, f"{old.request_id!r} reused by submit() beside a decode", env.run_stepwise)

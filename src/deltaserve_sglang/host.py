@@ -75,6 +75,7 @@ from deltaserve_core.types import (
 )
 
 from .binding import FINETUNE_RID_PREFIX, PROFILE_RID_PREFIX, Binding
+from .launch import LORA_TARGETS, _flag
 from .versions import check_hook_shapes, check_supported_sglang
 
 __all__ = ["SglangHost"]
@@ -138,7 +139,7 @@ class SglangHost:
         server_args = ServerArgs(
             model_path=str(config.model), dtype=config.dtype, random_seed=config.seed, skip_tokenizer_init=True,
             enable_lora=True, max_lora_rank=config.max_lora_rank,
-            lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            lora_target_modules=list(LORA_TARGETS),
             max_loras_per_batch=int(opts.get("max_loras_per_batch", 4)),
             max_loaded_loras=int(opts.get("max_loaded_loras", 16)),
             disable_overlap_schedule=True, enable_mixed_chunk=mixed, chunked_prefill_size=tokens,
@@ -494,10 +495,6 @@ class SglangHost:
         if state.config.r > self.config.max_lora_rank:
             raise ValueError(f"adapter {state.name!r} has rank {state.config.r} > max_lora_rank="
                              f"{self.config.max_lora_rank}; raise HostConfig.max_lora_rank")
-
-
-def _flag(value: Any) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _is_graph_runner(runner: Any) -> bool:

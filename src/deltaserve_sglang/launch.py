@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from deltaserve_core.driver import HostConfig
 from deltaserve_core.registry import ServerCommand
 
-__all__ = ["operator_command"]
+__all__ = ["LORA_TARGETS", "operator_command"]
 
-#: the LoRA layers SglangHost builds; a job may target any of them, and one created over HTTP later may too
-_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: the LoRA layers SGLang builds for DeltaServe (SglangHost and the server line alike): a job may target any of
+#: them, and one created over HTTP later may too
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _flag(value: object) -> bool:
@@ -38,7 +39,7 @@ def operator_command(config: HostConfig, job_path: str, *, listen: tuple[str, in
     cuda = str(config.device).startswith("cuda")
     tokens = str(config.max_batch_tokens)
     words = ["python", "-m", "sglang.launch_server", "--model-path", str(config.model), "--dtype", str(config.dtype),
-             "--enable-lora", "--max-lora-rank", str(config.max_lora_rank), "--lora-target-modules", *_TARGETS,
+             "--enable-lora", "--max-lora-rank", str(config.max_lora_rank), "--lora-target-modules", *LORA_TARGETS,
              "--max-loras-per-batch", str(opts.get("max_loras_per_batch", 4)),
              "--disable-overlap-schedule", "--chunked-prefill-size", tokens, "--max-prefill-tokens", tokens]
     if _flag(opts.get("enable_mixed_chunk", "true")):
